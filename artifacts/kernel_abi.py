@@ -1,0 +1,134 @@
+"""The kernel ABI: what every launch in a plan means, independent of the hardware that runs it.
+
+A plan (``artifacts/plan.py``) is a list of launches. Each launch names an *op* from the table
+below and passes that op's parameters, in this order, as arena buffers, weights, or scalars. Three
+parties implement or produce the same contract and are tested against each other:
+
+- ``targets/`` lowers the graph IR to launches and compiles one CUDA kernel per (op, variant),
+  whose C parameter list is exactly ``KERNEL_ABI[op]`` (pointers as ``T*``, ``i32`` as ``int``,
+  ``f32`` as ``float``);
+- ``runner/cpu.py`` executes each op with numpy (the oracle);
+- ``runner/gpu.py`` launches the cubins with the same arguments.
+
+Variants of an op (weight format, epilogue, output dtype) are carried in ``Launch.attrs``; the
+parameter list is the same for every variant so a missing optional input is passed as a null
+pointer. Shapes below use ``B`` = static batch (slots), ``L`` = prefill bucket, ``H`` = hidden,
+``D`` = head_dim, ``NH``/``NKV`` = query/kv heads, ``S`` = KV block size (16), ``MB`` = KV blocks
+per slot, ``NB`` = KV blocks in the pool.
+
+Semantics (fp16 storage, fp32 arithmetic unless stated):
+
+``embedding``: ``out[i, :] = table[tokens[i], :]`` for ``i < n``; a token outside ``[0, vocab)``
+  gives a zero row.
+
+``linear``: ``out = epilogue(prologue(x) @ W^T)`` with ``x`` f16 ``[M, K]``.
+  - prologue: when ``norm`` is not null, each row is RMS-normalised:
+    ``x_i * rsqrt(mean(x_i**2) + eps) * norm`` (``norm`` f16 ``[K]``).
+  - ``W`` by ``attrs["weight_format"]``: ``"f16"``: ``weight`` f16 ``[NW, K]``, ``scales`` and
+    ``zeros`` null. ``"q4"``: ``weight`` u8 ``[NW, K/2]`` packed as ``artifacts/int4.py`` says,
+    ``scales`` f16 ``[NW, G]``, ``zeros`` f16 ``[NW, G]`` or null (null means the symmetric code
+    8), ``G = ceil(K / gs)`` with ``gs = group_size`` or ``K`` when ``group_size == 0``:
+    ``W[n, k] = (code[n, k] - zero[n, k // gs]) * scale[n, k // gs]``.
+  - ``attrs["act"]``: ``"none"``: ``NW = N``. ``"silu_mul"``: ``NW = 2N``, rows ``[0, N)`` are the
+    gate and ``[N, 2N)`` the up projection: ``y = silu(y[:, :N]) * y[:, N:]``.
+  - when ``residual`` (f16 ``[M, N]``) is not null: ``y += residual``. ``out`` may alias
+    ``residual``.
+  - ``out`` is f16 or f32 by ``attrs["out_dtype"]``.
+
+``attention_prefill``: one sequence of ``L`` padded tokens at positions ``0..L-1`` into slot
+  ``b = slot[0]``, of which the first ``t_real = n_real[0]`` are real. ``qkv`` f16
+  ``[L, (NH + 2*NKV) * D]`` holds q heads, then k heads, then v heads. RoPE (below) rotates q and
+  k; rotated q and k are rounded to f16. For ``t < t_real``: the rotated ``k_t`` and ``v_t`` are
+  stored in the KV cache at position ``t`` of slot ``b``, and ``out[t]`` is causal grouped-query
+  attention of ``q_t`` over keys/values ``0..t`` with ``softmax(scale * q.k)``. Rows
+  ``t >= t_real`` of ``out`` are zero and nothing of them reaches the cache.
+
+``attention_decode``: one new token per slot. For each ``b < B`` with ``active[b] != 0`` and
+  ``p = positions[b]``: rotate q and k at position ``p``, store k and v at position ``p`` of slot
+  ``b``, and ``out[b]`` is attention of ``q`` over positions ``0..p`` of the slot. Inactive slots
+  get a zero row and leave the cache untouched.
+
+  KV cache: ``k_cache``, ``v_cache`` f16 ``[NB, NKV, S, D]`` per layer. Position ``p`` of slot
+  ``b`` lives in block ``block_table[b, p // S]`` at row ``p % S``.
+
+  RoPE (Hugging Face's rotate-half convention): for each head, ``x1 = x[:D/2]``, ``x2 = x[D/2:]``,
+  ``out1 = x1*cos - x2*sin``, ``out2 = x2*cos + x1*sin`` with ``(cos, sin) = rope_table[p, i]``
+  (f32 ``[table_len, D/2, 2]``, attention scaling already folded in) for ``p < table_len``, and
+  ``(cos, sin) = mscale * (cosf(p * inv_freq[i]), sinf(p * inv_freq[i]))`` past the table.
+
+``take_last``: ``out[0, :] = x[n_real[0] - 1, :]`` (``x`` f16 ``[L, H]``).
+
+``sample``: picks one token per row of ``logits`` (f32 ``[M, V]``) and advances the slot.
+  Row ``i`` belongs to slot ``b = slot[0]`` when ``slot`` is not null (prefill, ``M == 1``),
+  else ``b = i`` (decode; rows with ``active[b] == 0`` are skipped). With
+  ``c = out_count[b]`` before the step (0 in prefill):
+
+  - choice: ``temperature[b] <= 0``: argmax (lowest index on ties). Otherwise, with
+    ``l = logits / temperature[b]`` and ``p = exp(l - max(l))``: keep ``l_j >= kth`` where
+    ``kth`` is the ``top_k[b]``-th largest ``l`` (all when ``top_k[b] <= 0``); then, when
+    ``0 < top_p[b] < 1``, keep ``p_j >= tau`` for the largest ``tau`` whose kept mass
+    ``sum(p_j >= tau)`` is at least ``top_p[b]`` times the mass kept so far; then walk the kept
+    tokens in index order and take the first whose running mass reaches ``u * kept mass``, with
+    ``u = uniform(seed[b], c)`` (``artifacts/rng.py``).
+  - update: ``tokens[b] = t``; ``out_tokens[b, c] = t`` when ``c < max_out``;
+    ``out_count[b] = c + 1``; ``positions[b] = n_real[0]`` in prefill, ``+= 1`` in decode;
+    ``active[b] = 0`` when ``t`` is one of ``eos_ids`` or ``c + 1 >= max_new[b]``, else 1.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ArgKind(enum.Enum):
+    PTR = "ptr"  # device address of an arena buffer or a weight; may be null where optional
+    I32 = "i32"
+    F32 = "f32"
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: ArgKind
+    optional: bool = False  # a pointer that may be null
+
+
+def _p(name: str, optional: bool = False) -> Param:
+    return Param(name, ArgKind.PTR, optional)
+
+
+def _i(name: str) -> Param:
+    return Param(name, ArgKind.I32)
+
+
+def _f(name: str) -> Param:
+    return Param(name, ArgKind.F32)
+
+
+KV_BLOCK_SIZE = 16  # tokens per KV-cache block ("slot of 16 tokens" in DESIGN.md)
+
+_ROPE_AND_CACHE = (_p("rope_table"), _p("inv_freq"), _p("k_cache"), _p("v_cache"), _p("block_table"))
+_ATTN_SCALARS = (_i("n_heads"), _i("n_kv_heads"), _i("head_dim"), _i("table_len"), _i("max_blocks"),
+                 _f("scale"), _f("mscale"))
+
+KERNEL_ABI: dict[str, tuple[Param, ...]] = {
+    "embedding": (_p("out"), _p("tokens"), _p("table"), _i("n"), _i("hidden"), _i("vocab")),
+    "linear": (_p("out"), _p("x"), _p("weight"), _p("scales", True), _p("zeros", True),
+               _p("norm", True), _p("residual", True),
+               _i("M"), _i("N"), _i("K"), _i("group_size"), _f("eps")),
+    "attention_prefill": (_p("out"), _p("qkv"), *_ROPE_AND_CACHE, _p("slot"), _p("n_real"),
+                          _i("L"), *_ATTN_SCALARS),
+    "attention_decode": (_p("out"), _p("qkv"), *_ROPE_AND_CACHE, _p("positions"), _p("active"),
+                         _i("B"), *_ATTN_SCALARS),
+    "take_last": (_p("out"), _p("x"), _p("n_real"), _i("hidden")),
+    "sample": (_p("logits"), _i("M"), _i("V"), _p("slot", True), _p("n_real", True),
+               _p("temperature"), _p("top_k"), _p("top_p"), _p("seed"),
+               _p("tokens"), _p("positions"), _p("active"), _p("out_tokens"), _p("out_count"),
+               _p("max_new"), _p("eos_ids"), _i("n_eos"), _i("max_out")),
+}
+
+# Variant attributes each op's launches carry (values are strings, part of the kernel's identity).
+KERNEL_VARIANTS: dict[str, dict[str, tuple[str, ...]]] = {
+    "linear": {"weight_format": ("f16", "q4"), "act": ("none", "silu_mul"), "out_dtype": ("f16", "f32")},
+}
