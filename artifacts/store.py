@@ -1,0 +1,103 @@
+"""Writing an artifact folder, and opening one with every file's hash checked.
+
+Nothing outside ``artifacts/`` knows the folder layout: the compiler hands ``write`` a manifest
+and the file contents; the runner and ``grokc verify`` call ``open_artifact``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from . import safetensors_io
+from .errors import ArtifactError
+from .manifest import MANIFEST, TOKENIZER, WEIGHTS, Manifest, cubin_file, plan_file
+from .plan import Plan
+
+
+def write(out: Path, manifest: Manifest, plans: Mapping[str, Plan], cubins: Mapping[str, bytes],
+          weights: Mapping[str, np.ndarray], tokenizer_json: str) -> Manifest:
+    """Write the artifact into ``out`` (replacing it atomically) and return the final manifest."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        safetensors_io.save(staging / WEIGHTS, weights)
+        (staging / TOKENIZER).write_text(tokenizer_json, encoding="utf-8")
+        for arch, plan in plans.items():
+            (staging / arch).mkdir()
+            (staging / plan_file(arch)).write_text(json.dumps(plan.to_json(), sort_keys=True, indent=1) + "\n")
+            (staging / cubin_file(arch)).write_bytes(cubins[arch])
+        files = {rel: _sha256(staging / rel) for rel in _files(staging)}
+        manifest = replace(manifest, files=files, weights={**manifest.weights, "bytes": (staging / WEIGHTS).stat().st_size})
+        (staging / MANIFEST).write_bytes(manifest.to_bytes())
+        os.chmod(staging, 0o755)
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return manifest
+
+
+@dataclass(frozen=True)
+class Artifact:
+    path: Path
+    manifest: Manifest
+
+    def plan(self, arch: str) -> Plan:
+        return Plan.from_json(json.loads((self.path / plan_file(arch)).read_text()))
+
+    def cubin(self, arch: str) -> bytes:
+        return (self.path / cubin_file(arch)).read_bytes()
+
+    def weights(self) -> dict[str, np.ndarray]:
+        return safetensors_io.load(self.path / WEIGHTS)
+
+    def tokenizer_json(self) -> str:
+        return (self.path / TOKENIZER).read_text(encoding="utf-8")
+
+
+def open_artifact(path: str | Path, verify: bool = True) -> Artifact:
+    """Open an artifact folder; with ``verify`` every file's SHA-256 is checked against the manifest."""
+    path = Path(path)
+    if not (path / MANIFEST).is_file():
+        raise ArtifactError(f"'{path}' is not a grokc artifact (no {MANIFEST}); build one with `grokc build MODEL -o {path}`")
+    manifest = Manifest.from_bytes((path / MANIFEST).read_bytes())
+    if verify:
+        verify_files(path, manifest)
+    return Artifact(path, manifest)
+
+
+def verify_files(path: Path, manifest: Manifest) -> None:
+    """Raise ArtifactError naming the first file that is missing, extra, or changed."""
+    for rel, want in sorted(manifest.files.items()):
+        f = path / rel
+        if not f.is_file():
+            raise ArtifactError(f"artifact file '{rel}' is missing; rebuild the artifact")
+        if _sha256(f) != want:
+            raise ArtifactError(f"artifact file '{rel}' is corrupt or was modified (SHA-256 mismatch); rebuild the artifact")
+    extra = sorted(set(_files(path)) - set(manifest.files) - {MANIFEST})
+    if extra:
+        raise ArtifactError(f"artifact holds an unexpected file '{extra[0]}'; remove it or rebuild the artifact")
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()

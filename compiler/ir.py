@@ -1,0 +1,219 @@
+"""grokc's graph IR: the only place that defines ops.
+
+A ``Module`` holds one or more ``Graph``s (``forward`` after tracing; ``prefill_<L>`` and
+``decode`` after ``passes/static_shapes.py``), the parameters as read-only numpy arrays, the
+persistent state buffers (KV cache, per-step inputs) the graphs share, and a record of what the
+passes decided (``meta``: quantization recipe, RoPE table, shapes).
+
+Graphs are SSA: every tensor is produced once, by a node or as a graph input. Node inputs are
+named by role (``{"x": "blk.0.attn_norm", "weight": "blk.0.attn_q.weight"}``) so an op's optional
+inputs are explicit. A role may name an intermediate tensor, a graph input, a parameter, or a
+state buffer; ``verify`` checks that every name resolves.
+
+Shapes are written llama.cpp-style in comments: ``# [n_tokens, n_embd]``. Before static shapes,
+the token dimension is the symbol ``T``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Mapping, Union
+
+import numpy as np
+
+from .config import ModelConfig
+
+
+class DType(enum.Enum):
+    F32 = "float32"
+    F16 = "float16"
+    I32 = "int32"
+    U8 = "uint8"
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.value).itemsize
+
+
+Dim = Union[int, str]  # a size, or a symbol ("T") before static shapes
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: tuple[Dim, ...]
+    dtype: DType
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, int) for d in self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        assert self.is_static, f"nbytes of a symbolic shape {self.shape}"
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+class OpKind(enum.Enum):
+    # Produced by the frontend (compiler/trace.py).
+    EMBEDDING = "embedding"        # x: tokens [T] i32, table [V, H]          -> [T, H]
+    RMS_NORM = "rms_norm"          # x [T, H], weight [H]                     -> [T, H]
+    LINEAR = "linear"              # x [T, K], weight [N, K] (+ fused inputs)  -> [T, N]
+    ROPE = "rope"                  # x [T, heads*D], positions [T]            -> same
+    ATTENTION = "attention"        # q, k, v [T, heads*D] (+ cache inputs)    -> [T, NH*D]
+    ADD = "add"                    # a, b                                     -> a + b
+    MUL = "mul"                    # a, b                                     -> a * b
+    SILU = "silu"                  # x                                        -> x * sigmoid(x)
+    # Introduced by passes/static_shapes.py.
+    TAKE_LAST = "take_last"        # x [L, H], n_real [1]                     -> [1, H]
+    SAMPLE = "sample"              # logits [M, V] + slot state               -> (state updates)
+
+
+class WeightFormat(enum.Enum):
+    F32 = "f32"  # as loaded, before quantization
+    F16 = "f16"
+    Q4 = "q4"    # artifacts/int4.py layout with f16 scales (and optional f16 zeros)
+
+
+class Act(enum.Enum):
+    NONE = "none"
+    SILU_MUL = "silu_mul"  # weight holds [gate; up]: y = silu(x@gate^T) * (x@up^T)
+
+
+class AttnMode(enum.Enum):
+    CAUSAL = "causal"    # frontend: causal attention over the T given tokens, no cache
+    PREFILL = "prefill"  # static: one padded sequence into a slot of the KV cache
+    DECODE = "decode"    # static: one token for each of B slots, reading the KV cache
+
+
+@dataclass(frozen=True)
+class NoAttrs:
+    pass
+
+
+@dataclass(frozen=True)
+class RmsNormAttrs:
+    eps: float
+
+
+@dataclass(frozen=True)
+class LinearAttrs:
+    """``weight_format`` and ``group_size`` describe the stored weight; ``norm_eps`` is set when an
+    RMSNorm is fused in front (input role ``norm``); ``residual`` is an optional input role."""
+
+    weight_format: WeightFormat = WeightFormat.F32
+    group_size: int = 0  # 0: one scale per output channel
+    act: Act = Act.NONE
+    norm_eps: float | None = None
+    out_dtype: DType = DType.F16
+
+
+@dataclass(frozen=True)
+class RopeAttrs:
+    head_dim: int
+    n_heads: int
+
+
+@dataclass(frozen=True)
+class AttentionAttrs:
+    """With ``fused_rope`` the node takes one ``qkv`` input and rotates q and k itself, reading the
+    ``rope_table`` and ``inv_freq`` parameters (``passes/fuse_attention.py``)."""
+
+    layer: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    scale: float
+    mode: AttnMode = AttnMode.CAUSAL
+    fused_rope: bool = False
+
+
+Attrs = Union[NoAttrs, RmsNormAttrs, LinearAttrs, RopeAttrs, AttentionAttrs]
+
+
+@dataclass(frozen=True)
+class Node:
+    op: OpKind
+    name: str
+    inputs: Mapping[str, str]     # role -> tensor/parameter/state name
+    outputs: tuple[str, ...]
+    attrs: Attrs = field(default_factory=NoAttrs)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", MappingProxyType(dict(self.inputs)))
+
+
+@dataclass(frozen=True)
+class Graph:
+    name: str
+    nodes: tuple[Node, ...]
+    inputs: tuple[str, ...]               # per-call inputs (before static shapes) or io state names
+    outputs: tuple[str, ...]
+    tensors: Mapping[str, TensorType]     # every intermediate, input and output
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tensors", MappingProxyType(dict(self.tensors)))
+
+    def producers(self) -> dict[str, Node]:
+        return {out: n for n in self.nodes for out in n.outputs}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        uses: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for name in n.inputs.values():
+                uses.setdefault(name, []).append(n)
+        for name in self.outputs:
+            uses.setdefault(name, [])
+        return uses
+
+
+@dataclass(frozen=True)
+class Module:
+    config: ModelConfig
+    graphs: Mapping[str, Graph]
+    params: Mapping[str, np.ndarray]       # read-only arrays
+    state: Mapping[str, TensorType] = field(default_factory=dict)  # persistent buffers
+    meta: Mapping[str, Any] = field(default_factory=dict)          # what the passes decided
+
+    def __post_init__(self) -> None:
+        for key in ("graphs", "params", "state", "meta"):
+            object.__setattr__(self, key, MappingProxyType(dict(getattr(self, key))))
+
+    def with_(self, **changes: Any) -> "Module":
+        return replace(self, **changes)
+
+    def param_type(self, name: str) -> TensorType:
+        a = self.params[name]
+        return TensorType(tuple(a.shape), DType(a.dtype.name))
+
+
+def frozen_array(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous, read-only view of ``a``, as parameters are stored."""
+    a = np.ascontiguousarray(a).view()
+    a.flags.writeable = False
+    return a
+
+
+def verify(module: Module) -> None:
+    """Check the IR's invariants; raises AssertionError (an internal bug) on the first violation.
+
+    Every node input resolves to a tensor defined earlier in its graph, a graph input, a
+    parameter or a state buffer; every output is defined once; graph outputs are defined;
+    parameters are read-only.
+    """
+    for name, arr in module.params.items():
+        assert not arr.flags.writeable, f"parameter {name} is writeable"
+    for g in module.graphs.values():
+        defined = set(g.inputs)
+        for n in g.nodes:
+            for role, src in n.inputs.items():
+                assert src in defined or src in module.params or src in module.state, (
+                    f"{g.name}/{n.name}: input {role}={src} is not defined before use"
+                )
+            for out in n.outputs:
+                assert out not in defined, f"{g.name}/{n.name}: {out} defined twice"
+                assert out in g.tensors, f"{g.name}/{n.name}: output {out} has no type"
+                defined.add(out)
+        for out in g.outputs:
+            assert out in defined, f"{g.name}: output {out} is never produced"

@@ -1,0 +1,117 @@
+"""Lowering: a planned static module + a target -> the artifact's ``Plan`` for that arch.
+
+Each IR node becomes exactly one launch of an ``artifacts.kernel_abi`` op. The arguments are
+resolved here (arena buffers from the memory plan, weights by name, scalars from shapes and
+attributes) and ``targets.select`` picks the kernel and launch shape for the target. Nothing
+about the file layout or the runner lives here.
+"""
+
+from __future__ import annotations
+
+from grokc.artifacts.errors import UnsupportedOp
+from grokc.artifacts.kernel_abi import KERNEL_ABI, ArgKind
+from grokc.artifacts.plan import Arg, Buffer, BufferKind, GraphPlan, Launch, Plan
+from grokc.compiler.ir import AttnMode, Graph, Module, Node, OpKind, WeightFormat
+from grokc.passes.memory_plan import MemoryPlan
+from grokc.targets import KernelCall, Target, select
+
+
+def lower(module: Module, target: Target) -> Plan:
+    mem: MemoryPlan = module.meta["memory"]
+    buffers: dict[str, Buffer] = {}
+    for p in mem.state.values():
+        kind = BufferKind.IO if p.buffer.startswith("io.") else BufferKind.STATE
+        buffers[p.buffer] = Buffer(p.buffer, kind, p.type.dtype.value, tuple(p.type.shape), p.offset)
+    for per_graph in mem.scratch.values():
+        for p in per_graph.values():
+            buffers[p.buffer] = Buffer(p.buffer, BufferKind.SCRATCH, p.type.dtype.value, tuple(p.type.shape), p.offset)
+    graphs = {}
+    for name, g in module.graphs.items():
+        launches = tuple(_launch(module, g, mem, n, target) for n in g.nodes)
+        logits = mem.placement(name, g.outputs[0]).buffer
+        tokens = g.tensors[g.nodes[0].outputs[0]].shape[0]
+        graphs[name] = GraphPlan(name, tokens, launches, logits)
+    plan = Plan(target.name, mem.arena_bytes, buffers, graphs)
+    plan.validate()
+    return plan
+
+
+def _launch(module: Module, g: Graph, mem: MemoryPlan, n: Node, target: Target) -> Launch:
+    if n.op not in _OPS:
+        raise UnsupportedOp(f"op '{n.op.value}' (node {n.name}) survived the passes but has no kernel; "
+                            "the fusion passes should have absorbed it")
+    op, attrs, refs, dims = _OPS[n.op](module, g, n)
+    args = []
+    for p in KERNEL_ABI[op]:
+        if p.kind is not ArgKind.PTR:
+            args.append(Arg(p.name, value=dims[p.name]))
+            continue
+        src = refs.get(p.name)
+        if src is None:
+            args.append(Arg(p.name))
+        elif src in module.params:
+            args.append(Arg(p.name, weight=src))
+        else:
+            args.append(Arg(p.name, buffer=mem.placement(g.name, src).buffer))
+    choice = select(KernelCall(op, attrs, dims), target)
+    return Launch(op, choice.kernel, choice.grid, choice.block, choice.smem, tuple(args), attrs, n.name, choice.rule)
+
+
+# Each lowering returns (abi op, variant attrs, pointer params -> tensor/param names, scalar params).
+
+def _embedding(m: Module, g: Graph, n: Node):
+    t, h = g.tensors[n.outputs[0]].shape
+    return "embedding", {}, {"out": n.outputs[0], "tokens": n.inputs["tokens"], "table": n.inputs["table"]}, \
+        {"n": t, "hidden": h, "vocab": m.params[n.inputs["table"]].shape[0]}
+
+
+def _linear(m: Module, g: Graph, n: Node):
+    a = n.attrs
+    x = g.tensors[n.inputs["x"]] if n.inputs["x"] in g.tensors else m.state[n.inputs["x"]]
+    out = g.tensors[n.outputs[0]]
+    q4 = a.weight_format is WeightFormat.Q4
+    refs = {
+        "out": n.outputs[0], "x": n.inputs["x"],
+        "weight": n.inputs["qweight" if q4 else "weight"], "scales": n.inputs.get("scales"),
+        "zeros": n.inputs.get("zeros"), "norm": n.inputs.get("norm"), "residual": n.inputs.get("residual"),
+    }
+    attrs = {"weight_format": a.weight_format.value, "act": a.act.value,
+             "out_dtype": "f32" if out.dtype.value == "float32" else "f16"}
+    dims = {"M": x.shape[0], "N": out.shape[1], "K": x.shape[1], "group_size": a.group_size,
+            "eps": a.norm_eps if a.norm_eps is not None else 0.0}
+    return "linear", attrs, refs, dims
+
+
+def _attention(m: Module, g: Graph, n: Node):
+    a = n.attrs
+    shapes, rope = m.meta["shapes"], m.meta["rope"]
+    prefill = a.mode is AttnMode.PREFILL
+    refs = {"out": n.outputs[0], **{r: n.inputs[r] for r in ("qkv", "rope_table", "inv_freq", "k_cache", "v_cache",
+                                                              "block_table")}}
+    refs.update({r: n.inputs[r] for r in (("slot", "n_real") if prefill else ("positions", "active"))})
+    dims = {"L" if prefill else "B": g.tensors[n.inputs["qkv"]].shape[0], "n_heads": a.n_heads,
+            "n_kv_heads": a.n_kv_heads, "head_dim": a.head_dim, "table_len": rope["table_length"],
+            "max_blocks": shapes["max_blocks_per_seq"], "scale": a.scale, "mscale": rope["mscale"]}
+    return ("attention_prefill" if prefill else "attention_decode"), {}, refs, dims
+
+
+def _take_last(m: Module, g: Graph, n: Node):
+    return "take_last", {}, {"out": n.outputs[0], "x": n.inputs["x"], "n_real": n.inputs["n_real"]}, \
+        {"hidden": g.tensors[n.outputs[0]].shape[1]}
+
+
+def _sample(m: Module, g: Graph, n: Node):
+    rows, vocab = g.tensors[n.inputs["logits"]].shape
+    refs = dict(n.inputs)
+    dims = {"M": rows, "V": vocab, "n_eos": m.params[n.inputs["eos_ids"]].shape[0],
+            "max_out": m.meta["shapes"]["max_seq"]}
+    return "sample", {}, refs, dims
+
+
+_OPS = {
+    OpKind.EMBEDDING: _embedding,
+    OpKind.LINEAR: _linear,
+    OpKind.ATTENTION: _attention,
+    OpKind.TAKE_LAST: _take_last,
+    OpKind.SAMPLE: _sample,
+}

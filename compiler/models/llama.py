@@ -1,0 +1,82 @@
+"""grokc's Llama, in torch: the rung of the correctness ladder between Hugging Face and the plan.
+
+Written in the composite ops of ``ops.py`` plus ``linear``/``embedding``/``silu``/``add``/``mul``
+so that ``torch.export`` yields a graph the compiler reads op for op. Parameter names are the
+canonical ones of ``compiler/names.py`` (llama.cpp's: ``blk.3.attn_q.weight``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .. import rope as rope_math
+from ..config import ModelConfig
+from . import ops  # noqa: F401  (registers torch.ops.grokc.*)
+
+
+def model_buffers(cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """Constants the model derives from its config (not in the checkpoint)."""
+    return {"rope_inv_freq": rope_math.inv_freq(cfg.rope, cfg.head_dim)[0].astype(np.float32)}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.grokc.rms_norm(x, self.weight, self.eps)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        self.attn_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.attn_q = nn.Linear(h, cfg.q_dim, bias=False)
+        self.attn_k = nn.Linear(h, cfg.kv_dim, bias=False)
+        self.attn_v = nn.Linear(h, cfg.kv_dim, bias=False)
+        self.attn_output = nn.Linear(cfg.q_dim, h, bias=False)
+        self.ffn_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.ffn_gate = nn.Linear(h, i, bias=False)
+        self.ffn_up = nn.Linear(h, i, bias=False)
+        self.ffn_down = nn.Linear(i, h, bias=False)
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, mscale: float):
+        cfg = self.cfg
+        x = self.attn_norm(h)                                                          # [T, H]
+        q = torch.ops.grokc.rope(self.attn_q(x), positions, inv_freq, cfg.head_dim, mscale)  # [T, NH*D]
+        k = torch.ops.grokc.rope(self.attn_k(x), positions, inv_freq, cfg.head_dim, mscale)  # [T, NKV*D]
+        v = self.attn_v(x)                                                             # [T, NKV*D]
+        a = torch.ops.grokc.attention(q, k, v, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                      cfg.head_dim ** -0.5)
+        h = h + self.attn_output(a)
+        x = self.ffn_norm(h)
+        return h + self.ffn_down(F.silu(self.ffn_gate(x)) * self.ffn_up(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.token_embd = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.blk = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.output_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.output = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.mscale = rope_math.inv_freq(cfg.rope, cfg.head_dim)[1]
+        for name, value in model_buffers(cfg).items():
+            self.register_buffer(name, torch.from_numpy(value.copy()), persistent=False)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``tokens``, ``positions`` [T] -> logits [T, vocab] for one sequence."""
+        h = self.token_embd(tokens)                                                    # [T, H]
+        for block in self.blk:
+            h = block(h, positions, self.rope_inv_freq, self.mscale)
+        h = self.output_norm(h)
+        head = self.token_embd.weight if self.output is None else self.output.weight
+        return F.linear(h, head)                                                       # [T, V]

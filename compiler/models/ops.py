@@ -1,0 +1,61 @@
+"""The composite ops grokc's torch models are written in, registered with ``torch.library``.
+
+``torch.export`` keeps each of them as one node (they are opaque to it), so the traced graph
+reads at the level the compiler lowers: an RMSNorm, a rotary embedding, a causal attention. The
+eager implementations are the reference semantics, in the working dtype of their inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.library import custom_op
+
+
+@custom_op("grokc::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x * rsqrt(mean(x**2) + eps) * weight`` over the last dim, computed in fp32."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.float() * y).to(x.dtype)
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
+@custom_op("grokc::rope", mutates_args=())
+def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, head_dim: int,
+         mscale: float) -> torch.Tensor:
+    """Rotary embedding (rotate-half convention) of ``x [T, heads*head_dim]`` at ``positions [T]``."""
+    t = x.shape[0]
+    angles = positions.to(torch.float64)[:, None] * inv_freq.to(torch.float64)[None, :]  # [T, D/2]
+    cos = (torch.cos(angles) * mscale).to(torch.float32)[:, None, :]
+    sin = (torch.sin(angles) * mscale).to(torch.float32)[:, None, :]
+    xh = x.float().reshape(t, -1, head_dim)  # [T, heads, D]
+    x1, x2 = xh[..., : head_dim // 2], xh[..., head_dim // 2:]
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return out.reshape(x.shape).to(x.dtype)
+
+
+@rope.register_fake
+def _(x, positions, inv_freq, head_dim, mscale):
+    return torch.empty_like(x)
+
+
+@custom_op("grokc::attention", mutates_args=())
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_heads: int, n_kv_heads: int,
+              head_dim: int, scale: float) -> torch.Tensor:
+    """Causal grouped-query attention over the ``T`` given tokens: ``q [T, NH*D]``,
+    ``k, v [T, NKV*D]`` -> ``[T, NH*D]``."""
+    t = q.shape[0]
+    qh = q.reshape(t, n_heads, head_dim).transpose(0, 1)  # [NH, T, D]
+    kh = k.reshape(t, n_kv_heads, head_dim).transpose(0, 1).repeat_interleave(n_heads // n_kv_heads, 0)
+    vh = v.reshape(t, n_kv_heads, head_dim).transpose(0, 1).repeat_interleave(n_heads // n_kv_heads, 0)
+    out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+    return out.transpose(0, 1).reshape(t, n_heads * head_dim)
+
+
+@attention.register_fake
+def _(q, k, v, n_heads, n_kv_heads, head_dim, scale):
+    return torch.empty_like(q)

@@ -1,0 +1,49 @@
+"""The order of passes, in one list, and the function that runs them.
+
+``compile_module`` is pure: a traced module and build options in, a static, quantized, planned
+module out. ``GROKC_VERIFY_IR=1`` (or ``--debug``) runs ``ir.verify`` after every pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from grokc.passes import fuse_attention, fuse_epilogues, fuse_mlp, memory_plan, quantize, rope_table, static_shapes
+from grokc.passes.quantize import QuantRecipe
+from grokc.passes.rope_table import RopeTableConfig
+from grokc.passes.static_shapes import StaticShapes
+
+from .ir import Module, verify
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    shapes: StaticShapes
+    quant: QuantRecipe
+
+
+def passes(opts: CompileOptions) -> list[tuple[str, Callable[[Module], Module]]]:
+    """The pipeline, in order; each entry is (name recorded in the manifest, pure Module -> Module)."""
+    return [
+        ("fuse_attention", fuse_attention.run),
+        ("fuse_mlp", fuse_mlp.run),
+        ("fuse_epilogues", fuse_epilogues.run),
+        ("rope_table", lambda m: rope_table.run(m, RopeTableConfig(length=opts.shapes.max_seq))),
+        ("quantize", lambda m: quantize.run(m, opts.quant)),
+        ("static_shapes", lambda m: static_shapes.run(m, opts.shapes)),
+        ("memory_plan", memory_plan.run),
+    ]
+
+
+def compile_module(module: Module, opts: CompileOptions, check: bool = False,
+                   progress: Callable[[str], None] | None = None) -> Module:
+    applied = []
+    for name, run in passes(opts):
+        if progress:
+            progress(f"pass {name}")
+        module = run(module)
+        applied.append(name)
+        if check:
+            verify(module)
+    return module.with_(meta={**module.meta, "passes": applied})
