@@ -192,7 +192,7 @@ class Stream:
 
 
 class DeviceBuffer:
-    """``nbytes`` of device memory from ``cuMemAlloc`` (at least 256-byte aligned); ``.ptr`` is its address."""
+    """``nbytes`` of device memory from ``cuMemAlloc`` (256-byte aligned or better) at ``.ptr``."""
 
     def __init__(self, nbytes: int):
         if nbytes < 0:
@@ -225,7 +225,8 @@ class DeviceBuffer:
                   "cuMemcpyHtoDAsync")
         return host
 
-    def download(self, offset: int = 0, nbytes: int | None = None, stream: Stream | None = None) -> np.ndarray:
+    def download(self, offset: int = 0, nbytes: int | None = None,
+                 stream: Stream | None = None) -> np.ndarray:
         """A host copy (``uint8`` array) of ``nbytes`` at ``offset``; waits for ``stream`` first."""
         nbytes = self.nbytes - offset if nbytes is None else nbytes
         self._range(offset, nbytes)

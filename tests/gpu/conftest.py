@@ -49,7 +49,8 @@ def gpu_unavailable_reason() -> str | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     reason = gpu_unavailable_reason()
     for item in items:
-        if _HERE not in Path(str(item.path)).resolve().parents:
+        path = Path(str(getattr(item, "path", None) or item.fspath)).resolve()  # .path: pytest >= 7
+        if _HERE not in path.parents:
             continue
         item.add_marker(pytest.mark.gpu)
         if reason is not None:
