@@ -1,0 +1,153 @@
+"""The ``grokc`` command line. Each command parses, calls one library function, prints.
+
+User mistakes raise ``GrokcError`` and are printed as one line, ``grokc: error: ...``, with exit
+status 1; anything else is a bug and keeps its traceback (``--debug`` shows tracebacks for
+everything).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from grokc.artifacts.errors import GrokcError
+
+app = typer.Typer(
+    help="grokc: compile a Llama-family model ahead of time into a GPU artifact, and run it.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+DEBUG = {"on": False}
+
+
+def _user_errors(command):
+    """Turn a GrokcError into one line on stderr and exit status 1 (a traceback with --debug)."""
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except GrokcError as e:
+            if DEBUG["on"]:
+                raise
+            typer.echo(f"grokc: error: {e}", err=True)
+            raise typer.Exit(code=1)
+    return wrapper
+
+
+def _progress(msg: str) -> None:
+    typer.echo(f"[grokc] {msg}", err=True)
+
+
+def _csv_ints(text: str, option: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise GrokcError(f"{option} '{text}' must be comma-separated integers, e.g. 128,512") from None
+
+
+@app.callback()
+def _main(debug: bool = typer.Option(False, "--debug", help="Full tracebacks; verify the IR after every pass.")):
+    DEBUG["on"] = debug
+
+
+@app.command()
+@_user_errors
+def build(
+    model: Path = typer.Argument(..., help="A .gguf file or a Hugging Face folder (config.json + *.safetensors + tokenizer.json)."),
+    arch: List[str] = typer.Option(["sm90"], "--arch", help="GPU architecture to build for; repeat for several (sm80, sm86, sm89, sm90, sm100, sm120)."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Artifact folder to write (default: dist/<model name>)."),
+    quant: str = typer.Option("int4", "--quant", help="Weight format of the transformer linears: int4 (per output channel) or fp16."),
+    group_size: Optional[int] = typer.Option(None, "--group-size", help="int4 scale group along the input dim; 0 = one scale per output channel (default)."),
+    batch: int = typer.Option(4, "--batch", help="Static batch: sequences served at once (decode slots)."),
+    buckets: str = typer.Option("128,512", "--buckets", help="Prompt lengths to compile prefill graphs for; a prompt is padded to the smallest that holds it."),
+    max_seq: int = typer.Option(2048, "--max-seq", help="Longest sequence (prompt + generated tokens) a slot can hold."),
+    kv_blocks: int = typer.Option(0, "--kv-blocks", help="KV-cache blocks of 16 tokens shared by all slots; 0 = batch * max-seq / 16."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON when done."),
+):
+    """Compile MODEL into an artifact: cubins per arch, graph plans, weights, tokenizer."""
+    from .build import BuildOptions, build as run_build
+
+    opts = BuildOptions(archs=tuple(arch), quant=quant, group_size=group_size, batch=batch,
+                        buckets=_csv_ints(buckets, "--buckets"), max_seq=max_seq, kv_blocks=kv_blocks,
+                        check_ir=DEBUG["on"])
+    out = out or Path("dist") / model.stem.split(".")[0]
+    manifest = run_build(model, out, opts, progress=_progress)
+    if as_json:
+        typer.echo(manifest.to_bytes().decode())
+    else:
+        typer.echo(f"wrote {out} ({', '.join(manifest.archs)}, {manifest.quant['name']}, "
+                   f"{manifest.weights['bytes'] / 1e6:.1f} MB of weights)")
+
+
+@app.command()
+@_user_errors
+def run(
+    artifact: Path = typer.Argument(..., help="Artifact folder written by `grokc build`."),
+    prompt: List[str] = typer.Option(..., "--prompt", "-p", help="Prompt text; repeat to batch several."),
+    max_new_tokens: int = typer.Option(32, "--max-new-tokens", "-n", help="Tokens to generate per prompt."),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
+    top_k: int = typer.Option(0, "--top-k", help="Keep the k most likely tokens (0 = all)."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass (1 = off)."),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed (per request)."),
+    device: str = typer.Option("auto", "--device", help="auto (GPU if there is one), cuda, or cpu."),
+):
+    """Generate continuations of --prompt with the artifact (GPU via CUDA graphs, or CPU)."""
+    from grokc.runner import Runner
+
+    r = Runner(artifact, device=device)
+    _progress(f"running on {r.device} ({r.backend.arch} plan)")
+    outs = r.generate(list(prompt), max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                      top_p=top_p, seed=seed)
+    for p, o in zip(prompt, outs):
+        typer.echo(p + o)
+
+
+@app.command()
+@_user_errors
+def inspect(
+    artifact: Path = typer.Argument(..., help="Artifact folder."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+):
+    """Show what an artifact holds: model, shapes, quantization, RoPE, files, graphs and kernels."""
+    from .inspect import describe, render
+
+    info = describe(artifact)
+    typer.echo(json.dumps(info, indent=1, sort_keys=True) if as_json else render(info))
+
+
+@app.command()
+@_user_errors
+def verify(
+    artifact: Path = typer.Argument(..., help="Artifact folder."),
+    model: Optional[Path] = typer.Option(None, "--model", help="Source model: also check the artifact's numerics against it."),
+):
+    """Check every file's SHA-256; with --model, compare the artifact's logits to the source model."""
+    from .verify import verify_artifact
+
+    for line in verify_artifact(artifact, model, progress=_progress):
+        typer.echo(line)
+
+
+@app.command("eval")
+@_user_errors
+def evaluate(
+    artifact: Path = typer.Argument(..., help="Artifact folder."),
+    model: Path = typer.Option(..., "--model", help="Source model the artifact was built from (the fp16 reference)."),
+    tokens: int = typer.Option(1024, "--tokens", help="Tokens of evaluation text."),
+    context: int = typer.Option(256, "--context", help="Context length of each evaluated window."),
+):
+    """Perplexity and top-1 agreement of the artifact (CPU plan) against the unquantized model."""
+    from .quality import evaluate_artifact
+
+    typer.echo(json.dumps(evaluate_artifact(artifact, model, tokens=tokens, context=context, progress=_progress),
+                          indent=1, sort_keys=True))
+
+
+def main() -> None:
+    app()

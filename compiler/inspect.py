@@ -1,0 +1,57 @@
+"""``grokc inspect``: what an artifact holds, as a dict and as readable text."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from grokc.artifacts.store import open_artifact
+
+
+def describe(path: Path) -> dict:
+    art = open_artifact(path, verify=False)
+    m = art.manifest
+    graphs = {}
+    for arch in m.archs:
+        plan = art.plan(arch)
+        graphs[arch] = {
+            "arena_bytes": plan.arena_bytes,
+            "graphs": {
+                name: {"tokens": g.tokens, "launches": len(g.launches),
+                       "kernels": dict(sorted(Counter(f"{l.kernel} [{l.rule}]" for l in g.launches).items()))}
+                for name, g in plan.graphs.items()
+            },
+        }
+    files = {rel: {"sha256": digest, "bytes": (Path(path) / rel).stat().st_size} for rel, digest in m.files.items()}
+    return {
+        "format_version": m.format_version, "grokc_version": m.grokc_version, "source": m.source,
+        "model": m.model, "archs": m.archs, "shapes": m.shapes, "quant": m.quant, "rope": m.rope,
+        "passes": m.passes, "weights": m.weights, "tokenizer": {k: v for k, v in m.tokenizer.items() if k != "chat_template"},
+        "files": files, "plans": graphs,
+    }
+
+
+def render(info: dict) -> str:
+    c, s, q = info["model"], info["shapes"], info["quant"]
+    lines = [
+        f"grokc artifact (format {info['format_version']}, grokc {info['grokc_version']})",
+        f"source   {info['source']['format']}  sha256 {info['source']['sha256'][:16]}…",
+        f"model    {c['architecture']}: {c['num_layers']} layers, hidden {c['hidden_size']}, heads {c['num_heads']}/"
+        f"{c['num_kv_heads']} x {c['head_dim']}, ffn {c['intermediate_size']}, vocab {c['vocab_size']}",
+        f"quant    {q['name']}: {q['weight_format']} linears, group {q['group_size'] or 'per-channel'}, "
+        f"{'symmetric' if q['symmetric'] else 'asymmetric'}; LM head, embeddings, norms f16",
+        f"shapes   batch {s['batch']}, buckets {s['buckets']}, max_seq {s['max_seq']}, "
+        f"KV {s['kv_blocks']} blocks x {s['kv_block_size']} tokens",
+        f"rope     {info['rope']['config']['type']} theta {info['rope']['config']['theta']}, table "
+        f"{info['rope']['table_length']} positions, sha256 {info['rope']['table_sha256'][:16]}…",
+        f"passes   {' -> '.join(info['passes'])}",
+        f"weights  {info['weights']['bytes'] / 1e6:.1f} MB" + ("  (SYNTHETIC)" if info["weights"].get("synthetic") else ""),
+        "files",
+    ]
+    lines += [f"  {rel:<28} {f['bytes']:>12,d}  {f['sha256'][:16]}…" for rel, f in sorted(info["files"].items())]
+    for arch, p in info["plans"].items():
+        lines.append(f"plan {arch}: arena {p['arena_bytes'] / 1e6:.1f} MB")
+        for name, g in p["graphs"].items():
+            lines.append(f"  {name:<14} {g['launches']:>4} launches")
+            lines += [f"      {n:>4} x {k}" for k, n in g["kernels"].items()]
+    return "\n".join(lines)
