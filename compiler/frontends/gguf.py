@@ -1,0 +1,392 @@
+"""GGUF frontend: a llama.cpp GGUF file -> ``LoadedModel`` with fp32 weights in Hugging Face layout.
+
+What it does, in order:
+
+1. reads the header with the ``gguf`` package; any failure of that reader on a damaged file becomes
+   one ``UnsupportedModel`` line (the reader raises ``ValueError``, ``IndexError``, ... on bad bytes);
+2. refuses anything but ``general.architecture == "llama"`` without biases or experts;
+3. builds ``ModelConfig`` from the ``llama.*`` keys: head_dim is ``attention.key_length`` or
+   ``embedding_length / head_count``; rope scaling from ``rope.scaling.*`` (linear, yarn), or --
+   for Llama 3.x files, where llama.cpp stores the llama3 scaling only as the per-frequency
+   ``rope_freqs.weight`` table -- by recovering the llama3 parameters from that table and checking
+   they reproduce it; ``tie_word_embeddings`` is "no ``output.weight`` tensor"; eos ids are
+   ``eos_token_id`` followed by ``eot_token_id`` / ``eom_token_id`` where present;
+4. rebuilds ``tokenizer.json`` from the tokenizer metadata (``gguf_tokenizer``);
+5. dequantizes every tensor to float32 (``gguf.quants.dequantize``), renames it to the HF name,
+   and undoes llama.cpp's q/k row permutation (see ``unpermute_qk``);
+6. ``source_sha256`` is the SHA-256 of the file's bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+from grokc.artifacts.errors import UnsupportedModel
+from grokc.compiler.config import ModelConfig, RopeConfig, RopeType
+from grokc.compiler.frontends import LoadedModel, file_sha256, frozen_fp32, weight_names, weight_shapes
+from grokc.compiler.frontends.gguf_tokenizer import build_tokenizer_json
+
+ARCH = "llama"
+
+# GGUF tensor names -> Hugging Face Llama names.
+_GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_TENSORS = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+ROPE_FREQS = "rope_freqs.weight"
+
+# llama3 scaling leaves only the ratios original_context / {low,high}_freq_factor in rope_freqs;
+# the context itself is taken from the metadata, else Llama 3's own value.
+_LLAMA3_DEFAULT_ORIGINAL_CONTEXT = 8192
+
+
+def load_gguf(path: Path, progress: Callable[[str], None] | None = None) -> LoadedModel:
+    """Load a Llama GGUF file: fp32 weights under HF names and layout, config, tokenizer.
+
+    ``source_sha256`` is the SHA-256 of the file's bytes (``sha256sum FILE``).
+    """
+    say = progress or (lambda _msg: None)
+    path = Path(path)
+    say(f"reading GGUF header of {path.name}")
+    reader = _open_reader(path)
+    metadata = _metadata(reader, path)
+    tensors = {t.name: t for t in reader.tensors}
+
+    arch = metadata.get("general.architecture")
+    if arch != ARCH:
+        raise UnsupportedModel(
+            f"GGUF '{path.name}' has general.architecture {arch!r}; only the Llama family ('llama') is supported"
+        )
+    _check_tensor_names(tensors, path)
+    config = _config_from_metadata(metadata, tensors, path)
+    names = weight_names(config)
+    hf_to_gguf = _hf_to_gguf_names(config)
+    missing = [hf_to_gguf[n] for n in names if hf_to_gguf[n] not in tensors]
+    if missing:
+        raise UnsupportedModel(
+            f"GGUF '{path.name}' lacks tensor {missing[0]!r} ({len(missing)} missing in all) that a "
+            f"{config.num_layers}-layer Llama needs; the file is incomplete, re-export it"
+        )
+
+    for name, shape in weight_shapes(config).items():
+        got = tuple(int(n) for n in reversed(tensors[hf_to_gguf[name]].shape))
+        if got != shape:
+            raise UnsupportedModel(
+                f"GGUF '{path.name}' tensor {hf_to_gguf[name]!r} has shape {list(got)} but its metadata implies "
+                f"{list(shape)}; the file's metadata and tensors disagree, so re-export it"
+            )
+
+    # Before the slow part, so a file with an unsupported tokenizer is refused at once.
+    say("rebuilding the tokenizer from GGUF metadata")
+    tokenizer_json = build_tokenizer_json(metadata)
+
+    say(f"dequantizing {len(names)} tensors to float32")
+    weights: dict[str, np.ndarray] = {}
+    for name in names:
+        w = _dequantize(tensors[hf_to_gguf[name]], path)
+        if name.endswith("self_attn.q_proj.weight"):
+            w = unpermute_qk(w, config.num_heads)
+        elif name.endswith("self_attn.k_proj.weight"):
+            w = unpermute_qk(w, config.num_kv_heads)
+        weights[name] = frozen_fp32(w)
+    say(f"hashing {path.name}")
+    return LoadedModel(
+        config=config,
+        weights=weights,
+        tokenizer_json=tokenizer_json,
+        chat_template=metadata.get("tokenizer.chat_template"),
+        source_sha256=file_sha256(path),
+        source_format="gguf",
+    )
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation, giving the Hugging Face row order.
+
+    ``convert_hf_to_gguf.py`` reorders the rows of each head of ``q_proj`` / ``k_proj`` from HF's
+    rotate-half layout (first half of the head's rows, then the second) to GGML's interleaved
+    pairs: ``w.reshape(n_head, 2, d, in).swapaxes(1, 2)`` with ``d = head_dim / 2``. This is its
+    inverse, exactly as transformers' ``LlamaTensorProcessor`` does it. ``n_head`` is the number
+    of query heads for q and of key/value heads for k.
+    """
+    d = w.shape[0] // n_head // 2
+    return w.reshape(n_head, d, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    """A GGUF file's key/value metadata as Python values (str, int, float, bool, lists)."""
+    path = Path(path)
+    return _metadata(_open_reader(path), path)
+
+
+def _metadata(reader: gguf.GGUFReader, path: Path) -> dict[str, Any]:
+    return {key: _field_value(field, path) for key, field in reader.fields.items()}
+
+
+def _open_reader(path: Path) -> gguf.GGUFReader:
+    """Parse the GGUF header, turning the reader's many failure modes into one line."""
+    try:
+        reader = gguf.GGUFReader(path)
+    except OSError as exc:
+        raise UnsupportedModel(f"cannot read GGUF file '{path}' ({exc.strerror or exc})") from exc
+    except Exception as exc:  # the gguf reader raises ValueError, IndexError, KeyError, ... on bad bytes
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UnsupportedModel(
+            f"GGUF file '{path}' is truncated or corrupt (the reader failed: {detail}); re-download or re-export it"
+        ) from exc
+    size = path.stat().st_size
+    end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
+    if end > size:
+        raise UnsupportedModel(
+            f"GGUF file '{path}' is truncated: its tensors need {end} bytes but the file has {size}; re-download it"
+        )
+    return reader
+
+
+def _field_value(field: Any, path: Path) -> Any:
+    """A GGUF metadata value as Python: str, int, float, bool, or a list of those."""
+    types = field.types
+    try:
+        if types[0] == gguf.GGUFValueType.ARRAY:
+            if not field.data:
+                return []
+            if types[-1] == gguf.GGUFValueType.STRING:
+                return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+            if types[-1] == gguf.GGUFValueType.ARRAY:
+                return None  # nested arrays: nothing grokc reads
+            return np.concatenate([field.parts[i] for i in field.data]).tolist()
+        if types[0] == gguf.GGUFValueType.STRING:
+            return bytes(field.parts[field.data[0]]).decode("utf-8")
+        return field.parts[field.data[0]][0].item()
+    except UnicodeDecodeError as exc:
+        raise UnsupportedModel(
+            f"GGUF file '{path}' has metadata {field.name!r} that is not valid UTF-8; the file is corrupt, re-export it"
+        ) from exc
+
+
+def _check_tensor_names(tensors: dict[str, Any], path: Path) -> None:
+    """Refuse tensors a plain bias-free, dense Llama does not have, naming the feature."""
+    for name in tensors:
+        if name in _GLOBAL_TENSORS or name == ROPE_FREQS:
+            continue
+        m = _LAYER_NAME.fullmatch(name)
+        kind = m.group(2) if m else None
+        if m and m.group(3) == "weight" and kind in _LAYER_TENSORS:
+            continue
+        if m and m.group(3) == "bias" and kind in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            feature = "attention_bias"
+        elif m and m.group(3) == "bias" and kind in ("ffn_gate", "ffn_up", "ffn_down"):
+            feature = "mlp_bias"
+        elif kind and "exps" in kind or kind == "ffn_gate_inp":
+            feature = "mixture-of-experts layers"
+        else:
+            raise UnsupportedModel(
+                f"GGUF '{path.name}' has tensor {name!r}, which a plain Llama model does not have; "
+                "only dense, bias-free Llama models are supported"
+            )
+        raise UnsupportedModel(
+            f"GGUF '{path.name}' has tensor {name!r}: grokc's Llama graph does not support {feature}; "
+            "only dense, bias-free Llama models are supported"
+        )
+
+
+def _hf_to_gguf_names(config: ModelConfig) -> dict[str, str]:
+    out = {hf: g for g, hf in _GLOBAL_TENSORS.items()}
+    for i in range(config.num_layers):
+        out.update({f"model.layers.{i}.{hf}.weight": f"blk.{i}.{g}.weight" for g, hf in _LAYER_TENSORS.items()})
+    return out
+
+
+def _config_from_metadata(metadata: dict[str, Any], tensors: dict[str, Any], path: Path) -> ModelConfig:
+    def key(name: str, default: Any = ...) -> Any:
+        full = f"{ARCH}.{name}"
+        if full in metadata:
+            return metadata[full]
+        if default is ...:
+            raise UnsupportedModel(
+                f"GGUF '{path.name}' lacks metadata key {full!r} that a Llama model needs; the file is incomplete, re-export it"
+            )
+        return default
+
+    if key("expert_count", 0):
+        raise UnsupportedModel(
+            f"GGUF '{path.name}' is a mixture-of-experts model ({ARCH}.expert_count = {key('expert_count')}); "
+            "only dense Llama models are supported"
+        )
+    hidden = key("embedding_length")
+    num_heads = key("attention.head_count")
+    num_kv_heads = key("attention.head_count_kv", num_heads)
+    if isinstance(num_kv_heads, list):  # per-layer counts: fine only when all equal
+        if len(set(num_kv_heads)) != 1:
+            raise UnsupportedModel(
+                f"GGUF '{path.name}' has per-layer {ARCH}.attention.head_count_kv {sorted(set(num_kv_heads))}; "
+                "only models with one KV head count for all layers are supported"
+            )
+        num_kv_heads = num_kv_heads[0]
+    head_dim = key("attention.key_length", hidden // num_heads)
+    value_dim = key("attention.value_length", head_dim)
+    rope_dim = key("rope.dimension_count", head_dim)
+    if value_dim != head_dim or rope_dim != head_dim:
+        raise UnsupportedModel(
+            f"GGUF '{path.name}' has head_dim {head_dim} but value length {value_dim} and rotary dimension "
+            f"{rope_dim}; only Llama models with full-width rotary embeddings and equal key/value head sizes are supported"
+        )
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    vocab_size = key("vocab_size", len(tokens) if tokens is not None else None)
+    if vocab_size is None:
+        vocab_size = int(tensors["token_embd.weight"].shape[-1]) if "token_embd.weight" in tensors else 0
+    bos = metadata.get("tokenizer.ggml.bos_token_id")
+    eos_ids = [metadata.get(f"tokenizer.ggml.{k}") for k in ("eos_token_id", "eot_token_id", "eom_token_id")]
+    try:
+        return ModelConfig(
+            vocab_size=int(vocab_size),
+            hidden_size=int(hidden),
+            intermediate_size=int(key("feed_forward_length")),
+            num_layers=int(key("block_count")),
+            num_heads=int(num_heads),
+            num_kv_heads=int(num_kv_heads),
+            head_dim=int(head_dim),
+            rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+            rope=_rope_from_metadata(key, tensors, int(head_dim), path),
+            max_position_embeddings=int(key("context_length")),
+            tie_word_embeddings="output.weight" not in tensors,
+            bos_token_id=None if bos is None else int(bos),
+            eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos_ids if e is not None)),
+            architecture=ARCH,
+        )
+    except ValueError as exc:  # ModelConfig's own consistency checks
+        raise UnsupportedModel(f"GGUF '{path.name}' describes an inconsistent Llama model: {exc}") from exc
+
+
+def _rope_from_metadata(key: Callable[..., Any], tensors: dict[str, Any], head_dim: int, path: Path) -> RopeConfig:
+    theta = float(key("rope.freq_base", 10000.0))
+    scaling = key("rope.scaling.type", "none")
+    factor = float(key("rope.scaling.factor", 1.0))
+    if scaling == "none" and key("rope.scale_linear", None) is not None:  # older files
+        scaling, factor = "linear", float(key("rope.scale_linear"))
+    has_freqs = ROPE_FREQS in tensors
+    if has_freqs and scaling != "none":
+        raise UnsupportedModel(
+            f"GGUF '{path.name}' has both {ARCH}.rope.scaling.type {scaling!r} and a {ROPE_FREQS} table; "
+            "only one form of rope scaling is supported"
+        )
+    if has_freqs:
+        original = int(key("rope.scaling.original_context_length", _LLAMA3_DEFAULT_ORIGINAL_CONTEXT))
+        factors = _dequantize(tensors[ROPE_FREQS], path).reshape(-1)
+        return llama3_rope_from_factors(factors, theta, head_dim, original, path.name)
+    if scaling == "none" or (scaling == "linear" and factor == 1.0):
+        return RopeConfig(theta=theta)
+    if scaling == "linear":
+        return RopeConfig(theta=theta, type=RopeType.LINEAR, factor=factor)
+    if scaling == "yarn":
+        if key("rope.scaling.yarn_log_multiplier", 0.0):
+            raise UnsupportedModel(
+                f"GGUF '{path.name}' sets {ARCH}.rope.scaling.yarn_log_multiplier "
+                f"{key('rope.scaling.yarn_log_multiplier')}; only plain yarn rope scaling is supported"
+            )
+        attn = key("rope.scaling.attn_factor", None)
+        return RopeConfig(
+            theta=theta,
+            type=RopeType.YARN,
+            factor=factor,
+            original_max_position_embeddings=int(key("rope.scaling.original_context_length", 0)),
+            beta_fast=float(key("rope.scaling.yarn_beta_fast", 32.0)),
+            beta_slow=float(key("rope.scaling.yarn_beta_slow", 1.0)),
+            attention_factor=None if attn is None else float(attn),
+        )
+    raise UnsupportedModel(
+        f"GGUF '{path.name}' uses {ARCH}.rope.scaling.type {scaling!r}; supported: none, linear, yarn, "
+        f"and llama3 (as a {ROPE_FREQS} table)"
+    )
+
+
+def llama3_rope_factors(
+    theta: float, head_dim: int, factor: float, low_freq_factor: float, high_freq_factor: float, original_context: int
+) -> np.ndarray:
+    """llama.cpp's ``rope_freqs`` table for llama3 scaling: the divisor of each rotary frequency."""
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    mid = 1.0 / ((1 - smooth) / factor + smooth)
+    low_wavelen, high_wavelen = original_context / low_freq_factor, original_context / high_freq_factor
+    return np.where(wavelen < high_wavelen, 1.0, np.where(wavelen > low_wavelen, factor, mid))
+
+
+def llama3_rope_from_factors(
+    factors: np.ndarray, theta: float, head_dim: int, original_context: int, source: str
+) -> RopeConfig:
+    """Recover llama3 rope scaling from llama.cpp's per-frequency ``rope_freqs`` table.
+
+    The table is 1 for short wavelengths, ``factor`` for long ones, and in between
+    ``1 / ((1 - s) / factor + s)`` with ``s = (C / wavelen - low) / (high - low)``, linear in
+    ``1 / wavelen``. A line fit through the in-between entries gives ``C / (high - low)`` and
+    ``low / (high - low)``; with ``C = original_context`` that fixes ``low`` and ``high``. The
+    result is accepted only if it reproduces the table.
+    """
+    f = np.asarray(factors, dtype=np.float64)
+    if f.shape != (head_dim // 2,):
+        raise UnsupportedModel(
+            f"GGUF '{source}' has a {ROPE_FREQS} table of shape {list(f.shape)} where head_dim {head_dim} "
+            f"implies [{head_dim // 2}]; re-export the file"
+        )
+    factor = float(f.max())
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * math.pi / inv_freq
+    mid = (f > 1 + 1e-6) & (f < factor * (1 - 1e-6))
+    rope = None
+    if factor > 1 and mid.sum() >= 2:
+        s = (1 / f[mid] - 1 / factor) / (1 - 1 / factor)
+        slope, intercept = np.polyfit(1 / wavelen[mid], s, 1)
+        span = original_context / slope  # high - low
+        low = round(-intercept * span, 4)
+        high = round(low + span, 4)
+        rope = RopeConfig(
+            theta=theta,
+            type=RopeType.LLAMA3,
+            factor=factor,
+            low_freq_factor=low,
+            high_freq_factor=high,
+            original_max_position_embeddings=original_context,
+        )
+        again = llama3_rope_factors(theta, head_dim, factor, low, high, original_context)
+        if not np.allclose(again, f, rtol=1e-4, atol=0):
+            rope = None
+    if rope is None:
+        raise UnsupportedModel(
+            f"GGUF '{source}' has a {ROPE_FREQS} table that is not llama3 rope scaling grokc can recover "
+            f"(factors {f.min():.4g}..{f.max():.4g}); only llama3-style rope_freqs are supported"
+        )
+    return rope
+
+
+def _dequantize(tensor: Any, path: Path) -> np.ndarray:
+    """One GGUF tensor as float32 in numpy order (``[out, in]`` for a linear)."""
+    shape = tuple(int(n) for n in reversed(tensor.shape))
+    try:
+        w = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError as exc:
+        raise UnsupportedModel(
+            f"GGUF '{path.name}' tensor {tensor.name!r} has type {tensor.tensor_type.name}, which the gguf package "
+            "cannot dequantize; re-quantize the model to a supported type (e.g. Q8_0, Q4_K, F16)"
+        ) from exc
+    return w.reshape(shape)

