@@ -40,8 +40,9 @@ Semantics (fp16 storage, fp32 arithmetic unless stated):
   ``[L, (NH + 2*NKV) * D]`` holds q heads, then k heads, then v heads. RoPE (below) rotates q and
   k; rotated q and k are rounded to f16. For ``t < t_real``: the rotated ``k_t`` and ``v_t`` are
   stored in the KV cache at position ``t`` of slot ``b``, and ``out[t]`` is causal grouped-query
-  attention of ``q_t`` over keys/values ``0..t`` with ``softmax(scale * q.k)``. Rows
-  ``t >= t_real`` of ``out`` are zero and nothing of them reaches the cache.
+  attention of ``q_t`` over keys/values ``0..t`` with ``softmax(scale * q.k)`` (query head ``h``
+  reads kv head ``h // (NH / NKV)``, in decode too). Rows ``t >= t_real`` of ``out`` are zero and
+  nothing of them reaches the cache.
 
 ``attention_decode``: one new token per slot. For each ``b < B`` with ``active[b] != 0`` and
   ``p = positions[b]``: rotate q and k at position ``p``, store k and v at position ``p`` of slot
@@ -65,11 +66,11 @@ Semantics (fp16 storage, fp32 arithmetic unless stated):
 
   - choice: ``temperature[b] <= 0``: argmax (lowest index on ties). Otherwise, with
     ``l = logits / temperature[b]`` and ``p = exp(l - max(l))``: keep ``l_j >= kth`` where
-    ``kth`` is the ``top_k[b]``-th largest ``l`` (all when ``top_k[b] <= 0``); then, when
-    ``0 < top_p[b] < 1``, keep ``p_j >= tau`` for the largest ``tau`` whose kept mass
-    ``sum(p_j >= tau)`` is at least ``top_p[b]`` times the mass kept so far; then walk the kept
-    tokens in index order and take the first whose running mass reaches ``u * kept mass``, with
-    ``u = uniform(seed[b], c)`` (``artifacts/rng.py``).
+    ``kth`` is the ``top_k[b]``-th largest ``l`` (all when ``top_k[b] <= 0`` or ``>= V``); then,
+    when ``0 < top_p[b] < 1``, keep ``p_j >= tau`` for the largest ``tau`` whose kept mass (the
+    sum of the kept ``p_j >= tau``) is at least ``top_p[b]`` times the mass kept so far; then walk
+    the kept tokens in index order and take the first whose running mass reaches
+    ``u * kept mass``, with ``u = uniform(seed[b], c)`` (``artifacts/rng.py``).
   - update: ``tokens[b] = t``; ``out_tokens[b, c] = t`` when ``c < max_out``;
     ``out_count[b] = c + 1``; ``positions[b] = n_real[0]`` in prefill, ``+= 1`` in decode;
     ``active[b] = 0`` when ``t`` is one of ``eos_ids`` or ``c + 1 >= max_new[b]``, else 1.

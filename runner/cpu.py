@@ -1,0 +1,384 @@
+"""The CPU executor: runs a plan's launches with numpy. It is the oracle the CUDA kernels are tested
+against, and what ``grokc run --device cpu`` uses.
+
+Each op of ``artifacts/kernel_abi.py`` is one function in ``OPS``, called as ``OPS[op](args, attrs)``
+where ``args`` maps every ABI parameter name to a numpy array (pointers; ``None`` for a null optional
+pointer) or a Python int/float (scalars), and ``attrs`` is the launch's variant. Outputs are written
+in place. The semantics are the ABI docstring's, nothing added: fp16 storage, fp32 arithmetic.
+
+A pointer is read the way a kernel reads it: as flat memory shaped by the launch's scalars, so a
+buffer larger than the launch needs (``io.prompt [max_bucket]`` for a shorter bucket) is fine, but
+its dtype must be the one the ABI names.
+
+``CpuExecutor`` implements ``runner/executor.py`` over one host arena laid out as the plan says. It
+keeps an f32 copy of every linear weight (dequantized once when q4), so replays cost only the math.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from grokc.artifacts import int4
+from grokc.artifacts.errors import ArtifactError
+from grokc.artifacts.kernel_abi import KERNEL_ABI, KERNEL_VARIANTS, KV_BLOCK_SIZE, ArgKind
+from grokc.artifacts.plan import Buffer, Launch, Plan
+from grokc.artifacts.rng import uniform
+
+F16, F32, I32, U8 = np.float16, np.float32, np.int32, np.uint8
+
+
+# -- reading parameters ------------------------------------------------------------------------
+
+def _arr(args: dict[str, Any], name: str, dtype: type, *shape: int) -> np.ndarray:
+    """Pointer ``name`` as a ``[*shape]`` view of its leading elements (one ``-1``: as many rows as fit)."""
+    a = args[name]
+    if a.dtype != dtype:
+        raise ArtifactError(f"parameter {name!r} holds {a.dtype} but the kernel ABI reads it as "
+                            f"{np.dtype(dtype)}; rebuild the artifact with this grokc")
+    assert a.flags.c_contiguous, f"{name} must be C-contiguous so that writes reach the arena"
+    flat = a.reshape(-1)
+    if -1 in shape:  # as many rows as the memory holds
+        row = math.prod(s for s in shape if s != -1)
+        shape = tuple((flat.size // row if row else 0) if s == -1 else s for s in shape)
+    need = math.prod(shape)
+    if flat.size < need:
+        raise ArtifactError(f"parameter {name!r} has {flat.size} elements but the launch reads "
+                            f"{need} as {list(shape)}; rebuild the artifact with this grokc")
+    return flat[:need].reshape(shape)
+
+
+def _opt(args: dict[str, Any], name: str, dtype: type, *shape: int) -> np.ndarray | None:
+    return None if args[name] is None else _arr(args, name, dtype, *shape)
+
+
+def _variant(attrs: Mapping[str, str], op: str, key: str) -> str:
+    """A variant attribute; a missing one takes the first (default) value in KERNEL_VARIANTS."""
+    allowed = KERNEL_VARIANTS[op][key]
+    value = attrs.get(key, allowed[0])
+    if value not in allowed:
+        raise ArtifactError(f"{op} launch has {key}={value!r} but this grokc knows only "
+                            f"{list(allowed)}; rebuild the artifact with this grokc")
+    return value
+
+
+# -- embedding, linear, take_last --------------------------------------------------------------
+
+def embedding(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
+    n, hidden, vocab = args["n"], args["hidden"], args["vocab"]
+    tokens = _arr(args, "tokens", I32, n).astype(np.int64)  # [n]
+    table = _arr(args, "table", F16, vocab, hidden)          # [vocab, H]
+    out = _arr(args, "out", F16, n, hidden)                  # [n, H]
+    valid = (tokens >= 0) & (tokens < vocab)
+    rows = np.zeros((n, hidden), F16)                        # out-of-range tokens: zero rows
+    rows[valid] = table[tokens[valid]]
+    out[...] = rows
+
+
+def dense_weight(args: dict[str, Any], attrs: Mapping[str, str]) -> np.ndarray:
+    """The f32 ``[NW, K]`` matrix a linear launch multiplies by (q4 codes dequantized)."""
+    n, k, gs = args["N"], args["K"], args["group_size"]
+    nw = 2 * n if _variant(attrs, "linear", "act") == "silu_mul" else n
+    if _variant(attrs, "linear", "weight_format") == "f16":
+        return _arr(args, "weight", F16, nw, k).astype(F32)
+    if k % 8 or gs < 0:
+        raise ArtifactError(f"q4 linear with K={k}, group_size={gs}: K must be a multiple of 8 "
+                            "and group_size >= 0; rebuild the artifact with this grokc")
+    groups = -(-k // (gs or k))
+    packed = _arr(args, "weight", U8, nw, k // 2)      # [NW, K/2]
+    scales = _arr(args, "scales", F16, nw, groups)     # [NW, G]
+    zeros = _opt(args, "zeros", F16, nw, groups)       # [NW, G] or None: the symmetric code 8
+    return int4.dequantize(packed, scales, zeros, gs)  # [NW, K]
+
+
+def linear(args: dict[str, Any], attrs: Mapping[str, str], dense: np.ndarray | None = None) -> None:
+    """``out = epilogue(prologue(x) @ W^T)``; ``dense`` is W as f32 ``[NW, K]`` when the caller has it."""
+    m, n, k = args["M"], args["N"], args["K"]
+    act = _variant(attrs, "linear", "act")
+    out_dtype = F16 if _variant(attrs, "linear", "out_dtype") == "f16" else F32
+    w = dense_weight(args, attrs) if dense is None else dense  # [NW, K]
+    x = _arr(args, "x", F16, m, k).astype(F32)                 # [M, K]
+    norm = _opt(args, "norm", F16, k)                          # [K]
+    if norm is not None:
+        inv_rms = F32(1) / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + F32(args["eps"]))  # [M, 1]
+        x = x * inv_rms * norm.astype(F32)
+    y = x @ w.T                                                # [M, NW]
+    if act == "silu_mul":
+        gate, up = y[:, :n], y[:, n:]                          # gate rows come first
+        with np.errstate(over="ignore"):                       # exp(-gate) -> inf gives silu -> -0
+            y = gate / (F32(1) + np.exp(-gate)) * up           # [M, N]
+    residual = _opt(args, "residual", F16, m, n)               # [M, N]; may alias out
+    if residual is not None:
+        y = y + residual.astype(F32)                           # read before out is written
+    _arr(args, "out", out_dtype, m, n)[...] = y
+
+
+def take_last(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
+    hidden = args["hidden"]
+    x = _arr(args, "x", F16, -1, hidden)                       # [L, H]
+    t_real = int(_arr(args, "n_real", I32, 1)[0])
+    if not 1 <= t_real <= x.shape[0]:
+        raise ValueError(f"take_last: n_real={t_real} is outside [1, {x.shape[0]}]")
+    _arr(args, "out", F16, 1, hidden)[0] = x[t_real - 1]
+
+
+# -- attention ---------------------------------------------------------------------------------
+
+def _rope_cos_sin(args: dict[str, Any], pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin f32 ``[T, D/2]`` at positions ``pos [T]``: the table below table_len, computed past it."""
+    half, table_len = args["head_dim"] // 2, args["table_len"]
+    table = _arr(args, "rope_table", F32, table_len, half, 2)  # [table_len, D/2, (cos, sin)]
+    inv_freq = _arr(args, "inv_freq", F32, half)               # [D/2]
+    pos = pos.astype(np.int64)
+    inside = pos < table_len
+    cs = np.empty((pos.size, half, 2), F32)                    # [T, D/2, 2]
+    cs[inside] = table[pos[inside]]
+    angle = pos[~inside].astype(F32)[:, None] * inv_freq       # [T', D/2], f32 as cosf/sinf see it
+    cs[~inside] = F32(args["mscale"]) * np.stack([np.cos(angle), np.sin(angle)], axis=-1)
+    return cs[..., 0], cs[..., 1]
+
+
+def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate-half RoPE of f16 ``[T, heads, D]`` in f32, rounded back to f16."""
+    half = x.shape[-1] // 2
+    x = x.astype(F32)
+    x1, x2 = x[..., :half], x[..., half:]                      # [T, heads, D/2]
+    c, s = cos[:, None, :], sin[:, None, :]                    # [T, 1, D/2]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(F16)
+
+
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal: bool) -> np.ndarray:
+    """Softmax attention in f32 of q f16 ``[T, NH, D]`` over k, v f16 ``[S, NKV, D]`` -> ``[T, NH, D]``.
+
+    Query head h reads kv head ``h // (NH // NKV)``; with ``causal`` (T == S) query t sees keys 0..t.
+    """
+    t, nh, d = q.shape
+    nkv = k.shape[1]
+    g = nh // nkv
+    mask = np.tril(np.ones((t, k.shape[0]), bool)) if causal else None  # [T, S]
+    out = np.empty((t, nh, d), F32)
+    for j in range(nkv):
+        qj = q[:, j * g:(j + 1) * g].astype(F32).transpose(1, 0, 2)       # [G, T, D]
+        s = (qj @ k[:, j].astype(F32).T) * F32(scale)                      # [G, T, S]
+        if mask is not None:
+            s = np.where(mask, s, F32(-np.inf))
+        e = np.exp(s - s.max(axis=-1, keepdims=True))
+        p = e / e.sum(axis=-1, keepdims=True)
+        out[:, j * g:(j + 1) * g] = (p @ v[:, j].astype(F32)).transpose(1, 0, 2)
+    return out
+
+
+def _attn_views(args: dict[str, Any], rows: int) -> tuple[np.ndarray, ...]:
+    """qkv ``[rows, NH+2NKV, D]``, out ``[rows, NH*D]``, k/v caches ``[NB, NKV, S, D]``, block_table
+    ``[B, MB]``."""
+    nh, nkv, d = args["n_heads"], args["n_kv_heads"], args["head_dim"]
+    if nkv <= 0 or nh % nkv or d % 2:
+        raise ArtifactError(f"attention with n_heads={nh}, n_kv_heads={nkv}, head_dim={d}: heads must "
+                            "be a multiple of kv heads and head_dim even; rebuild the artifact")
+    qkv = _arr(args, "qkv", F16, rows, nh + 2 * nkv, d)
+    out = _arr(args, "out", F16, rows, nh * d)
+    k_cache = _arr(args, "k_cache", F16, -1, nkv, KV_BLOCK_SIZE, d)
+    v_cache = _arr(args, "v_cache", F16, -1, nkv, KV_BLOCK_SIZE, d)
+    block_table = _arr(args, "block_table", I32, -1, args["max_blocks"])
+    return qkv, out, k_cache, v_cache, block_table
+
+
+def _cache_index(table_row: np.ndarray, pos: np.ndarray, n_blocks: int) -> tuple[np.ndarray, np.ndarray]:
+    """(block, row) in the KV pool of positions ``pos [T]`` of a slot whose blocks are ``table_row [MB]``."""
+    if pos.size and pos.max() >= table_row.size * KV_BLOCK_SIZE:
+        raise IndexError(f"KV position {pos.max()} is past the slot's {table_row.size * KV_BLOCK_SIZE}")
+    blocks = table_row[pos // KV_BLOCK_SIZE].astype(np.int64)
+    if blocks.size and (blocks.min() < 0 or blocks.max() >= n_blocks):
+        raise IndexError(f"block table names blocks outside the pool of {n_blocks}")
+    return blocks, pos % KV_BLOCK_SIZE
+
+
+def attention_prefill(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
+    big_l, nh, nkv = args["L"], args["n_heads"], args["n_kv_heads"]
+    qkv, out, k_cache, v_cache, block_table = _attn_views(args, big_l)
+    b = int(_arr(args, "slot", I32, 1)[0])
+    t_real = int(_arr(args, "n_real", I32, 1)[0])
+    if not 0 <= t_real <= big_l:
+        raise ValueError(f"attention_prefill: n_real={t_real} is outside [0, {big_l}]")
+    pos = np.arange(t_real)                                    # [T]; padding rows are never read
+    cos, sin = _rope_cos_sin(args, pos)                        # [T, D/2]
+    q = _rotate(qkv[:t_real, :nh], cos, sin)                   # [T, NH, D]
+    k = _rotate(qkv[:t_real, nh:nh + nkv], cos, sin)           # [T, NKV, D]
+    v = qkv[:t_real, nh + nkv:]                                # [T, NKV, D]
+    blocks, rows = _cache_index(block_table[b], pos, k_cache.shape[0])
+    k_cache[blocks, :, rows] = k                               # [T, NKV, D] scattered over blocks
+    v_cache[blocks, :, rows] = v
+    out[t_real:] = 0
+    if t_real:
+        out[:t_real] = _attend(q, k, v, args["scale"], causal=True).reshape(t_real, -1)
+
+
+def attention_decode(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
+    batch, nh, nkv = args["B"], args["n_heads"], args["n_kv_heads"]
+    qkv, out, k_cache, v_cache, block_table = _attn_views(args, batch)
+    live = np.flatnonzero(_arr(args, "active", I32, batch))          # [A] active slots
+    positions = _arr(args, "positions", I32, batch)[live].astype(np.int64)  # [A]
+    cos, sin = _rope_cos_sin(args, positions)                  # [A, D/2]
+    q = _rotate(qkv[live, :nh], cos, sin)                      # [A, NH, D]
+    k = _rotate(qkv[live, nh:nh + nkv], cos, sin)              # [A, NKV, D]
+    v = qkv[live, nh + nkv:]                                   # [A, NKV, D]
+    out[...] = 0                                               # inactive: zero row, cache untouched
+    for i, (b, p) in enumerate(zip(live, positions)):
+        blocks, rows = _cache_index(block_table[b], np.arange(p + 1), k_cache.shape[0])  # [p+1]
+        k_cache[blocks[-1], :, rows[-1]] = k[i]
+        v_cache[blocks[-1], :, rows[-1]] = v[i]
+        keys, values = k_cache[blocks, :, rows], v_cache[blocks, :, rows]  # [p+1, NKV, D]
+        out[b] = _attend(q[i:i + 1], keys, values, args["scale"], causal=False).reshape(-1)
+
+
+# -- sampling ----------------------------------------------------------------------------------
+
+def _choose(row: np.ndarray, temperature: float, top_k: int, top_p: float, u: float) -> int:
+    """One token from f32 logits ``[V]``: greedy, or top-k / top-p / inverse-CDF as the ABI says.
+
+    Masses are summed in float64 so the oracle's boundaries are those of the f32 ``p`` themselves.
+    """
+    if temperature <= 0:
+        return int(np.argmax(row))                             # first index among ties
+    v = row.size
+    logit = row / F32(temperature)                             # [V]
+    p = np.exp(logit - logit.max())                            # [V] f32
+    keep = np.ones(v, bool)
+    if 0 < top_k < v:
+        kth = np.partition(logit, v - top_k)[v - top_k]        # the top_k-th largest
+        keep = logit >= kth                                    # ties with it are kept
+    if 0 < top_p < 1:
+        desc = np.sort(p[keep])[::-1]                          # kept p, largest first
+        mass = np.cumsum(desc, dtype=np.float64)
+        tau = desc[np.argmax(mass >= top_p * mass[-1])]        # largest tau with enough mass
+        keep &= p >= tau
+    running = np.cumsum(np.where(keep, p, 0), dtype=np.float64)  # [V], index order
+    return int(np.argmax(keep & (running >= u * running[-1])))
+
+
+def sample(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
+    m, v, max_out = args["M"], args["V"], args["max_out"]
+    logits = _arr(args, "logits", F32, m, v)                   # [M, V]
+    slot = _opt(args, "slot", I32, 1)                          # set in prefill only
+    n_real = _opt(args, "n_real", I32, 1)
+    temperature, top_p = (_arr(args, name, F32, -1) for name in ("temperature", "top_p"))  # [B]
+    top_k, seed, tokens, positions, active, out_count, max_new = (
+        _arr(args, name, I32, -1)
+        for name in ("top_k", "seed", "tokens", "positions", "active", "out_count", "max_new"))  # [B]
+    out_tokens = _arr(args, "out_tokens", I32, -1, max_out) if max_out > 0 else None  # [B, max_out]
+    eos = set(_arr(args, "eos_ids", I32, args["n_eos"]).tolist())
+    for i in range(m):
+        b = int(slot[0]) if slot is not None else i
+        if slot is None and not active[b]:
+            continue
+        c = 0 if slot is not None else int(out_count[b])
+        t = _choose(logits[i], float(temperature[b]), int(top_k[b]), float(top_p[b]),
+                    float(uniform(int(seed[b]), c)))
+        tokens[b] = t
+        if c < max_out:
+            out_tokens[b, c] = t
+        out_count[b] = c + 1
+        positions[b] = n_real[0] if slot is not None else positions[b] + 1
+        active[b] = 0 if t in eos or c + 1 >= max_new[b] else 1
+
+
+OPS: dict[str, Callable[[dict[str, Any], dict[str, str]], None]] = {
+    "embedding": embedding,
+    "linear": linear,
+    "attention_prefill": attention_prefill,
+    "attention_decode": attention_decode,
+    "take_last": take_last,
+    "sample": sample,
+}
+assert OPS.keys() == KERNEL_ABI.keys()
+
+
+# -- the executor ------------------------------------------------------------------------------
+
+class CpuExecutor:
+    """Runs a plan's graphs with numpy in one host arena (the ``runner/executor.py`` protocol).
+
+    ``weights`` maps every weight name the plan's launches use to an array of the ABI's dtype
+    (f16, or u8 for packed q4). Replays run synchronously.
+    """
+
+    def __init__(self, plan: Plan, weights: Mapping[str, np.ndarray]):
+        self.plan = plan
+        self._arena = np.zeros(plan.arena_bytes, U8)
+        self._buffers = {name: self._view(b) for name, b in plan.buffers.items()}
+        self._weights = weights
+        self._dense: dict[tuple, np.ndarray] = {}  # linear weights as f32 [NW, K], filled lazily
+        self._graphs = {name: [(l, self._bind(name, l)) for l in g.launches]
+                        for name, g in plan.graphs.items()}
+
+    def _view(self, b: Buffer) -> np.ndarray:
+        if b.dtype not in ("float16", "float32", "int32", "uint8"):
+            raise ArtifactError(f"buffer {b.name!r} has dtype {b.dtype!r}, which grokc does not know; "
+                                "rebuild the artifact with this grokc")
+        if b.offset < 0 or b.offset + b.nbytes > self._arena.size:
+            raise ArtifactError(f"buffer {b.name!r} at offset {b.offset} ({b.nbytes} bytes) lies outside "
+                                f"the {self._arena.size}-byte arena; the plan is corrupt, rebuild it")
+        return self._arena[b.offset:b.offset + b.nbytes].view(b.dtype).reshape(b.shape)
+
+    def _bind(self, graph: str, launch: Launch) -> dict[str, Any]:
+        """The launch's ``args`` for OPS: arena views, weights and scalars, resolved once."""
+        where = f"launch {launch.node or launch.kernel!r} of graph {graph!r}"
+        if launch.op not in OPS:
+            raise ArtifactError(f"{where} names op {launch.op!r}, which this grokc cannot run; "
+                                f"supported: {sorted(OPS)}")
+        params = KERNEL_ABI[launch.op]
+        if [a.param for a in launch.args] != [p.name for p in params]:
+            raise ArtifactError(f"{where} passes {[a.param for a in launch.args]}, not the ABI's "
+                                f"{[p.name for p in params]}; rebuild the artifact with this grokc")
+        args: dict[str, Any] = {}
+        for p, a in zip(params, launch.args):
+            if p.kind is not ArgKind.PTR:
+                if a.value is None:
+                    raise ArtifactError(f"{where} gives scalar {p.name!r} no value; rebuild the artifact")
+                args[p.name] = int(a.value) if p.kind is ArgKind.I32 else float(a.value)
+            elif a.buffer is not None:
+                if a.buffer not in self._buffers:
+                    raise ArtifactError(f"{where} uses buffer {a.buffer!r}, which the plan lacks")
+                args[p.name] = self._buffers[a.buffer]
+            elif a.weight is not None:
+                if a.weight not in self._weights:
+                    raise ArtifactError(f"{where} uses weight {a.weight!r}, which the weights lack")
+                args[p.name] = np.ascontiguousarray(self._weights[a.weight])
+            elif p.optional:
+                args[p.name] = None
+            else:
+                raise ArtifactError(f"{where} passes null for {p.name!r}, which must not be null")
+        return args
+
+    def _dense_weight(self, launch: Launch, args: dict[str, Any]) -> np.ndarray | None:
+        """The cached f32 weight of a linear launch whose matrix comes from the weights file."""
+        srcs = [launch.arg(p) for p in ("weight", "scales", "zeros")]
+        if any(a.buffer is not None for a in srcs):
+            return None  # an arena buffer may change between replays
+        key = (*(a.weight for a in srcs), args["N"], args["K"], args["group_size"],
+               *sorted(launch.attrs.items()))
+        if key not in self._dense:
+            self._dense[key] = dense_weight(args, launch.attrs)
+        return self._dense[key]
+
+    # -- Executor protocol ----------------------------------------------------------------------
+    def write(self, buffer: str, value: np.ndarray, index: int | tuple[int, ...] = ()) -> None:
+        self._buffers[buffer][index] = value
+
+    def read(self, buffer: str) -> np.ndarray:
+        return self._buffers[buffer].copy()
+
+    def replay(self, graph: str) -> None:
+        if graph not in self._graphs:
+            raise ArtifactError(f"the plan has no graph {graph!r}; it has {sorted(self._graphs)}")
+        for launch, args in self._graphs[graph]:
+            if launch.op == "linear":
+                linear(args, launch.attrs, dense=self._dense_weight(launch, args))
+            else:
+                OPS[launch.op](args, launch.attrs)
+
+    def synchronize(self) -> None:
+        pass
