@@ -51,12 +51,18 @@ class BuildOptions:
 
 def build(model_path: str | Path, out: str | Path, opts: BuildOptions, progress: Progress = lambda s: None) -> Manifest:
     """Build the artifact for ``model_path`` into ``out`` and return its manifest."""
-    targets = [get_target(a) for a in dict.fromkeys(opts.archs)]   # refuse a bad --arch before any work
-    copts = opts.compile_options()
-    t0 = time.perf_counter()
+    for a in opts.archs:
+        get_target(a)   # refuse a bad --arch before any work
+    opts.compile_options()
     progress(f"loading {Path(model_path).name}")
-    loaded = load_model(model_path, progress=progress)
-    module = compile_loaded(loaded, copts, opts.check_ir, progress)
+    return build_loaded(load_model(model_path, progress=progress), out, opts, progress)
+
+
+def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progress: Progress = lambda s: None) -> Manifest:
+    """Build the artifact of an already loaded model into ``out``."""
+    targets = [get_target(a) for a in dict.fromkeys(opts.archs)]
+    t0 = time.perf_counter()
+    module = compile_loaded(loaded, opts.compile_options(), opts.check_ir, progress)
     plans, cubins = {}, {}
     for target in targets:
         progress(f"lowering for {target.name}")

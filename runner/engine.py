@@ -57,14 +57,20 @@ class Engine:
         raise RequestError(f"prompt of {n_tokens} tokens is longer than the largest bucket "
                            f"({self.shapes.buckets[-1]}); shorten it or rebuild with a larger --buckets entry")
 
-    def add(self, prompt: list[int], params: SamplingParams) -> int:
-        """Prefill ``prompt`` into a free slot (queued) and return the slot."""
+    def add(self, prompt: list[int], params: SamplingParams, bucket: int | None = None) -> int:
+        """Prefill ``prompt`` into a free slot (queued) and return the slot.
+
+        ``bucket`` forces a larger prefill graph than the smallest that fits (tests use it).
+        """
         n = len(prompt)
         if n == 0:
             raise RequestError("the prompt is empty; give at least one token")
         if params.max_new_tokens < 1:
             raise RequestError(f"max_new_tokens={params.max_new_tokens} must be at least 1")
-        bucket = self.bucket_for(n)
+        if bucket is None:
+            bucket = self.bucket_for(n)
+        elif bucket not in self.shapes.buckets or bucket < n:
+            raise RequestError(f"bucket {bucket} cannot hold {n} tokens; compiled buckets: {list(self.shapes.buckets)}")
         if n + params.max_new_tokens > self.shapes.max_seq:
             raise RequestError(f"prompt ({n} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the "
                                f"context of {self.shapes.max_seq}; lower max_new_tokens or rebuild with a larger --max-seq")

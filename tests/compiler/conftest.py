@@ -1,0 +1,24 @@
+"""Tiny artifacts built once per session for the compiler tests (random weights, real nvcc)."""
+
+import pytest
+
+from grokc.compiler.build import BuildOptions, build_loaded
+from tiny_llama import tiny_loaded
+
+TINY_OPTS = dict(archs=("sm90",), batch=3, buckets=(16, 64), max_seq=128)
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    return tiny_loaded(seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_artifacts(tmp_path_factory, tiny_model):
+    """Paths of the tiny model built with --quant fp16, int4 (per channel) and int4 group 32 asymmetric."""
+    root = tmp_path_factory.mktemp("tiny")
+    out = {}
+    for name, quant, gs in (("fp16", "fp16", None), ("int4", "int4", None), ("int4-g32", "int4", 32)):
+        out[name] = root / name
+        build_loaded(tiny_model, out[name], BuildOptions(quant=quant, group_size=gs, **TINY_OPTS))
+    return out
