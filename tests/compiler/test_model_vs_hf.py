@@ -9,20 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from grokc.compiler.config import RopeConfig, RopeType
 from grokc.compiler.quality import reference_model
+from tests_rope_configs import ROPES
 from tiny_llama import hf_config_dict, tiny_config, tiny_weights
 
 transformers = pytest.importorskip("transformers")
-
-ROPES = {
-    "default": RopeConfig(theta=10000.0),
-    "linear": RopeConfig(theta=10000.0, type=RopeType.LINEAR, factor=2.0),
-    "llama3": RopeConfig(theta=500000.0, type=RopeType.LLAMA3, factor=8.0, low_freq_factor=1.0,
-                         high_freq_factor=4.0, original_max_position_embeddings=64),
-    "yarn": RopeConfig(theta=10000.0, type=RopeType.YARN, factor=4.0, original_max_position_embeddings=128),
-}
-
 
 @pytest.mark.parametrize("rope", ROPES, ids=list(ROPES))
 @pytest.mark.parametrize("tied", [True, False])
