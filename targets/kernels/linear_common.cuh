@@ -1,0 +1,44 @@
+// Definitions shared by the `linear` kernels (artifacts/kernel_abi.py is the spec):
+//   out = epilogue(prologue(x) @ W^T), W f16 [NW, K] or int4 [NW, K/2] with f16 scales/zeros.
+#pragma once
+
+#include "common.cuh"
+
+namespace grokc {
+namespace linear {
+
+// Weight format, as a template argument. Q4: one scale (and zero) per row (group_size == 0 or
+// >= K), applied to the finished dot product. Q4G: groups of group_size (a multiple of 32) along
+// K, scale and zero folded into the dequantised weights.
+enum WFormat { F16 = 0, Q4 = 1, Q4G = 2 };
+enum Act { NONE = 0, SILU_MUL = 1 };
+
+__device__ __forceinline__ void store(void* out, size_t i, float v, bool f32) {
+    if (f32)
+        static_cast<float*>(out)[i] = v;
+    else
+        static_cast<__half*>(out)[i] = __float2half_rn(v);
+}
+
+// The last step every kernel shares, for one output element (m, n) whose raw dot products are
+// `gate` (and `up` for silu_mul), each already multiplied by its row scale and rms factor.
+template <int ACT, bool OUT_F32>
+__device__ __forceinline__ void finish(void* out, const __half* residual, int m, int n, int N, float gate,
+                                       float up) {
+    float v = (ACT == SILU_MUL) ? silu(gate) * up : gate;
+    const size_t i = static_cast<size_t>(m) * N + n;
+    if (residual != nullptr) v += __half2float(residual[i]);  // out may alias residual: read first
+    store(out, i, v, OUT_F32);
+}
+
+}  // namespace linear
+}  // namespace grokc
+
+// The C signature every linear kernel has (KERNEL_ABI["linear"], in order). `out` and `residual`
+// may alias, so neither is __restrict__.
+#define GROKC_LINEAR_PARAMS                                                                         \
+    void *out, const __half *__restrict__ x, const void *__restrict__ weight,                       \
+        const __half *__restrict__ scales, const __half *__restrict__ zeros,                        \
+        const __half *__restrict__ norm, const __half *residual, int M, int N, int K, int group_size, \
+        float eps
+#define GROKC_LINEAR_ARGS out, x, weight, scales, zeros, norm, residual, M, N, K, group_size, eps

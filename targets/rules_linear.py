@@ -1,0 +1,301 @@
+"""Kernel rules for the ``linear`` op, and the kernel variants they name.
+
+Three kernel families, tried in this order (``RULES["linear"]``):
+
+- ``gemv``: few rows of x (decode, ``M <= 16``). Streams the weight once at full bandwidth, int4
+  dequantised in registers, on tensor cores (``kernels/linear_gemv.cuh``). Symbol
+  ``linear_gemv_<wf>_<act>_<out>_m<MT>k<KS>r<RG>u<U>b<B>``: ``MT`` rows of x per MMA (8 or 16),
+  ``KS`` warps split K, ``RG`` row groups of 8 weight rows per block, ``U`` 16-byte loads per
+  lane per round, ``B`` the ``__launch_bounds__`` minimum of blocks per SM (0: none).
+- ``gemm``: many rows (prefill). Tensor-core GEMM with cp.async stages
+  (``kernels/linear_gemm.cuh``). Symbol ``linear_gemm_<wf>_<act>_<out>_m<BM>n<BN>w<WM>x<WN>s<ST>b<B>``:
+  block tile ``BM x BN``, ``WM x WN`` warps, ``ST`` cp.async stages.
+- ``ref``: anything else (odd K, odd group size). One thread per output, fp32
+  (``kernels/linear_ref.cuh``). Symbol ``linear_ref_<wf>_<act>_<out>``.
+
+``wf`` is ``f16``, ``q4`` (one scale per row: ``group_size == 0`` or ``>= K``) or ``q4g``
+(groups along K); ``act`` is ``none`` or ``silu`` (``silu_mul``); ``out`` is ``f16`` or ``f32``.
+Null ``zeros``, ``norm`` and ``residual`` are handled at run time by every kernel.
+
+Module protocol (shared with ``rules_attention`` and ``rules_misc``): ``RULES``, ``HEADERS``
+(files under ``targets/kernels/`` the sources need) and ``kernel_source(symbol)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+
+from .base import KernelCall, KernelChoice, Target
+
+HEADERS: tuple[str, ...] = (
+    "common.cuh", "linear_common.cuh", "linear_gemv.cuh", "linear_gemm.cuh", "linear_ref.cuh",
+)
+
+GEMV_MAX_M = 16
+GEMV_X_BUDGET = 64 * 1024  # bytes of staged x per block; gemv::X_BUDGET in linear_gemv.cuh
+GEMM_BK = 64               # gemm::BK in linear_gemm.cuh
+REF_THREADS = 128          # ref::THREADS in linear_ref.cuh
+
+_WF_CPP = {"f16": "F16", "q4": "Q4", "q4g": "Q4G"}
+_ACT_CPP = {"none": "NONE", "silu": "SILU_MUL"}
+_ACT_ATTR = {"none": "none", "silu_mul": "silu"}
+
+
+# ---- variants ------------------------------------------------------------------------------------
+def _bounds(threads: int, minb: int) -> str:
+    return f"__launch_bounds__({threads}, {minb})" if minb else f"__launch_bounds__({threads})"
+
+
+def _cpp_common(wf: str, act: str, out: str) -> str:
+    return f"grokc::linear::{_WF_CPP[wf]}, grokc::linear::{_ACT_CPP[act]}, {'true' if out == 'f32' else 'false'}"
+
+
+@dataclass(frozen=True)
+class Gemv:
+    wf: str
+    act: str
+    out: str
+    mt: int    # rows of x per MMA: 8 (M <= 8) or 16
+    ks: int    # warps splitting K
+    rg: int    # row groups (8 weight rows) per block
+    u: int     # 16-byte loads per lane per round
+    minb: int  # __launch_bounds__ min blocks per SM (0: none)
+
+    @property
+    def symbol(self) -> str:
+        return (f"linear_gemv_{self.wf}_{self.act}_{self.out}_m{self.mt}k{self.ks}r{self.rg}"
+                f"u{self.u}b{self.minb}")
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.ks * self.rg
+
+    @property
+    def step_k(self) -> int:  # k per step: 4 chunks of 16 bytes per weight row
+        return 32 if self.wf == "f16" else 128
+
+    def round_k(self) -> int:
+        return self.step_k * self.ks * self.u
+
+    def blocks(self, n: int) -> int:
+        cols = 8 * self.rg // (2 if self.act == "silu" else 1)
+        return -(-n // cols)
+
+    def smem(self, m: int, k: int) -> int:
+        """Dynamic shared memory, exactly as linear_gemv.cuh lays it out."""
+        nsteps = -(-k // self.step_k)
+        nrounds = -(-nsteps // (self.ks * self.u))
+        rps = max(1, GEMV_X_BUDGET // (m * self.round_k() * 2))
+        slab_k = min(rps, nrounds) * self.round_k()
+        return (m + 1) * slab_k * 2 + self.ks * m * 8 * self.rg * 4 + m * 4
+
+    def source(self) -> str:
+        return (f'extern "C" __global__ void {_bounds(self.threads, self.minb)} {self.symbol}(GROKC_LINEAR_PARAMS) '
+                f"{{ grokc::gemv::linear_gemv<{_cpp_common(self.wf, self.act, self.out)}, {self.mt}, {self.ks}, "
+                f"{self.rg}, {self.u}>(GROKC_LINEAR_ARGS); }}\n")
+
+
+@dataclass(frozen=True)
+class Gemm:
+    wf: str
+    act: str
+    out: str
+    bm: int
+    bn: int
+    wm: int
+    wn: int
+    stages: int
+    minb: int  # __launch_bounds__ min blocks per SM (0: none)
+
+    @property
+    def symbol(self) -> str:
+        return (f"linear_gemm_{self.wf}_{self.act}_{self.out}_m{self.bm}n{self.bn}"
+                f"w{self.wm}x{self.wn}s{self.stages}b{self.minb}")
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.wm * self.wn
+
+    def valid(self) -> bool:
+        tm, tn = self.bm // self.wm, self.bn // self.wn
+        b_pieces = self.bn * (8 if self.wf == "f16" else 2)
+        return (self.bm % self.wm == 0 and self.bn % self.wn == 0 and tm % 16 == 0 and tn % 8 == 0
+                and (self.act == "none" or (tn // 8) % 2 == 0)
+                and (self.bm * 8) % self.threads == 0 and b_pieces % self.threads == 0
+                and self.stages >= 2)
+
+    def smem(self) -> int:
+        """Dynamic shared memory, exactly as linear_gemm.cuh lays it out."""
+        b_row = GEMM_BK * 2 if self.wf == "f16" else GEMM_BK // 2
+        return self.stages * (self.bm * GEMM_BK * 2 + self.bn * b_row + GEMM_BK * 2) + self.bm * 4
+
+    def grid(self, m: int, n: int) -> tuple[int, int, int]:
+        cols = self.bn // (2 if self.act == "silu" else 1)
+        return (-(-n // cols), -(-m // self.bm), 1)
+
+    def source(self) -> str:
+        return (f'extern "C" __global__ void {_bounds(self.threads, self.minb)} {self.symbol}(GROKC_LINEAR_PARAMS) '
+                f"{{ grokc::gemm::linear_gemm<{_cpp_common(self.wf, self.act, self.out)}, {self.bm}, {self.bn}, "
+                f"{self.wm}, {self.wn}, {self.stages}>(GROKC_LINEAR_ARGS); }}\n")
+
+
+@dataclass(frozen=True)
+class Ref:
+    wf: str  # "f16" or "q4" (any group size)
+    act: str
+    out: str
+
+    @property
+    def symbol(self) -> str:
+        return f"linear_ref_{self.wf}_{self.act}_{self.out}"
+
+    def source(self) -> str:
+        return (f'extern "C" __global__ void {_bounds(REF_THREADS, 0)} {self.symbol}(GROKC_LINEAR_PARAMS) '
+                f"{{ grokc::ref::linear_ref<{_cpp_common(self.wf, self.act, self.out)}>(GROKC_LINEAR_ARGS); }}\n")
+
+
+_COMMON = r"(?P<wf>f16|q4g|q4)_(?P<act>none|silu)_(?P<out>f16|f32)"
+_GEMV_RE = re.compile(rf"linear_gemv_{_COMMON}_m(?P<mt>\d+)k(?P<ks>\d+)r(?P<rg>\d+)u(?P<u>\d+)b(?P<b>\d+)")
+_GEMM_RE = re.compile(
+    rf"linear_gemm_{_COMMON}_m(?P<bm>\d+)n(?P<bn>\d+)w(?P<wm>\d+)x(?P<wn>\d+)s(?P<st>\d+)b(?P<b>\d+)")
+_REF_RE = re.compile(rf"linear_ref_{_COMMON}")
+
+
+def parse(symbol: str) -> Gemv | Gemm | Ref | None:
+    """The variant a linear kernel symbol names, or None if it is not a valid one."""
+    if m := _GEMV_RE.fullmatch(symbol):
+        v = Gemv(m["wf"], m["act"], m["out"], int(m["mt"]), int(m["ks"]), int(m["rg"]), int(m["u"]), int(m["b"]))
+        ok = (v.mt in (8, 16) and v.ks in (1, 2, 4, 8) and 1 <= v.rg <= 8 and 1 <= v.u <= 8
+              and v.threads <= 512 and 0 <= v.minb <= 8)
+        return v if ok and v.symbol == symbol else None
+    if m := _GEMM_RE.fullmatch(symbol):
+        v = Gemm(m["wf"], m["act"], m["out"], int(m["bm"]), int(m["bn"]), int(m["wm"]), int(m["wn"]), int(m["st"]),
+                 int(m["b"]))
+        return v if v.valid() and v.threads <= 512 and 0 <= v.minb <= 4 and v.symbol == symbol else None
+    if m := _REF_RE.fullmatch(symbol):
+        return Ref(m["wf"], m["act"], m["out"]) if m["wf"] != "q4g" else None
+    return None
+
+
+def kernel_source(symbol: str) -> str | None:
+    """C++ defining the ``extern "C"`` kernel ``symbol`` (after HEADERS), or None if not ours."""
+    v = parse(symbol)
+    return None if v is None else v.source()
+
+
+# ---- rules ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Linear:
+    """A linear call's attributes and dims, checked; None from ``_linear`` when they are invalid."""
+
+    fmt: str     # "f16" | "q4"
+    act: str     # "none" | "silu"
+    out: str     # "f16" | "f32"
+    m: int
+    n: int
+    k: int
+    gs: int
+
+    @property
+    def nw(self) -> int:
+        return 2 * self.n if self.act == "silu" else self.n
+
+    @property
+    def per_channel(self) -> bool:
+        return self.gs == 0 or self.gs >= self.k
+
+    @property
+    def wf(self) -> str:
+        """The fast kernels' format: q4 splits into per-channel and grouped."""
+        if self.fmt == "f16":
+            return "f16"
+        return "q4" if self.per_channel else "q4g"
+
+    @property
+    def fast_ok(self) -> bool:
+        """Shape requirements of the gemv and gemm kernels."""
+        if self.fmt == "f16":
+            return self.k % 8 == 0
+        return self.k % 32 == 0 and (self.per_channel or self.gs % 32 == 0)
+
+
+def _linear(call: KernelCall) -> _Linear | None:
+    a, d = call.attrs, call.dims
+    try:
+        fmt, act, out = a["weight_format"], _ACT_ATTR[a["act"]], a["out_dtype"]
+        m, n, k, gs = int(d["M"]), int(d["N"]), int(d["K"]), int(d["group_size"])
+    except KeyError:
+        return None
+    if fmt not in ("f16", "q4") or out not in ("f16", "f32") or m < 1 or n < 1 or k < 8 or k % 8 or gs < 0:
+        return None
+    return _Linear(fmt, act, out, m, n, k, gs)
+
+
+def gemv_variant(lin: _Linear, target: Target) -> Gemv:
+    """The GEMV tiling for a call: K split so each warp gets >= 2 steps, blocks filling the GPU."""
+    step_k = 32 if lin.wf == "f16" else 128
+    nsteps = -(-lin.k // step_k)
+    ks = next(s for s in (8, 4, 2, 1) if s == 1 or s * 2 <= nsteps)
+    u = min(4, -(-nsteps // ks))
+    rg = max(1, 8 // ks)
+    while rg > 1 and -(-lin.nw // (8 * rg)) < 2 * target.num_sms:
+        rg //= 2
+    v = Gemv(lin.wf, lin.act, lin.out, 8 if lin.m <= 8 else 16, ks, rg, u, 0)
+    while v.smem(lin.m, lin.k) > target.smem_per_block and v.u > 1:  # big M * K: shorter rounds
+        v = dataclasses.replace(v, u=v.u // 2)
+    return v
+
+
+def rule_gemv(call: KernelCall, target: Target) -> KernelChoice | None:
+    if call.op != "linear" or (lin := _linear(call)) is None:
+        return None
+    if lin.m > GEMV_MAX_M or not lin.fast_ok:
+        return None
+    v = gemv_variant(lin, target)
+    smem = v.smem(lin.m, lin.k)
+    if smem > target.smem_per_block:
+        return None
+    return KernelChoice(v.symbol, (v.blocks(lin.n), 1, 1), (v.threads, 1, 1), smem, "linear.gemv")
+
+
+_GEMM_TILES = ((128, 128, 2, 4), (64, 128, 2, 4), (64, 64, 2, 2))
+
+
+def gemm_variant(lin: _Linear, target: Target) -> Gemm | None:
+    """The largest tile that still gives every SM a block, with as many stages as fit (<= 4)."""
+    best = None
+    for bm, bn, wm, wn in _GEMM_TILES:
+        for stages in (3, 2):
+            v = Gemm(lin.wf, lin.act, lin.out, bm, bn, wm, wn, stages, 0)
+            if v.valid() and v.smem() <= target.smem_per_block:
+                break
+        else:
+            continue
+        best = v
+        gx, gy, _ = v.grid(lin.m, lin.n)
+        if gx * gy >= target.num_sms:
+            break
+    return best
+
+
+def rule_gemm(call: KernelCall, target: Target) -> KernelChoice | None:
+    if call.op != "linear" or (lin := _linear(call)) is None or not lin.fast_ok:
+        return None
+    v = gemm_variant(lin, target)
+    if v is None:
+        return None
+    return KernelChoice(v.symbol, v.grid(lin.m, lin.n), (v.threads, 1, 1), v.smem(), "linear.gemm")
+
+
+def rule_ref(call: KernelCall, target: Target) -> KernelChoice | None:
+    """Fallback: every valid linear call."""
+    if call.op != "linear" or (lin := _linear(call)) is None:
+        return None
+    v = Ref(lin.fmt, lin.act, lin.out)
+    return KernelChoice(v.symbol, (math.ceil(lin.n / REF_THREADS), lin.m, 1), (REF_THREADS, 1, 1), 0, "linear.ref")
+
+
+RULES = {"linear": [rule_gemv, rule_gemm, rule_ref]}
