@@ -74,6 +74,10 @@ Semantics (fp16 storage, fp32 arithmetic unless stated):
   - update: ``tokens[b] = t``; ``out_tokens[b, c] = t`` when ``c < max_out``;
     ``out_count[b] = c + 1``; ``positions[b] = n_real[0]`` in prefill, ``+= 1`` in decode;
     ``active[b] = 0`` when ``t`` is one of ``eos_ids`` or ``c + 1 >= max_new[b]``, else 1.
+
+``fill_synthetic``: ``out[i]`` for ``i < n`` as ``artifacts/synthetic.py`` defines for ``fill``
+  (0 bytes: ``out`` u8, else ``out`` f16), from ``seed`` and ``scale``. Run once at load by the
+  ``init`` graph of a synthetic-weights artifact.
 """
 
 from __future__ import annotations
@@ -127,6 +131,7 @@ KERNEL_ABI: dict[str, tuple[Param, ...]] = {
                _p("temperature"), _p("top_k"), _p("top_p"), _p("seed"),
                _p("tokens"), _p("positions"), _p("active"), _p("out_tokens"), _p("out_count"),
                _p("max_new"), _p("eos_ids"), _i("n_eos"), _i("max_out")),
+    "fill_synthetic": (_p("out"), _i("n"), _i("fill"), _i("seed"), _f("scale")),
 }
 
 # Variant attributes each op's launches carry (values are strings, part of the kernel's identity).

@@ -21,6 +21,7 @@ from . import safetensors_io
 from .errors import ArtifactError
 from .manifest import MANIFEST, TOKENIZER, WEIGHTS, Manifest, cubin_file, plan_file
 from .plan import Plan
+from .synthetic import SyntheticTensor
 
 
 def write(out: Path, manifest: Manifest, plans: Mapping[str, Plan], cubins: Mapping[str, bytes],
@@ -61,7 +62,13 @@ class Artifact:
         return (self.path / cubin_file(arch)).read_bytes()
 
     def weights(self) -> dict[str, np.ndarray]:
+        """The stored weights (memory-mapped, read-only); synthetic ones are in ``synthetic()``."""
         return safetensors_io.load(self.path / WEIGHTS)
+
+    def synthetic(self) -> dict[str, SyntheticTensor]:
+        """Weights the runner fills on the device (``artifacts/synthetic.py``); empty for real models."""
+        spec = self.manifest.weights.get("synthetic") or {}
+        return {name: SyntheticTensor.from_json(t) for name, t in spec.get("tensors", {}).items()}
 
     def tokenizer_json(self) -> str:
         return (self.path / TOKENIZER).read_text(encoding="utf-8")

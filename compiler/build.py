@@ -19,8 +19,9 @@ from grokc.passes.quantize import QUANT
 from grokc.passes.static_shapes import StaticShapes
 from grokc.targets import build_cubin, get_target
 
-from . import __version__, names
+from . import __version__, names, synthetic_weights
 from .frontends import LoadedModel, load_model
+from .frontends.synthetic import load_config
 from .ir import Module
 from .lower import lower
 from .pipeline import CompileOptions, compile_module
@@ -39,6 +40,7 @@ class BuildOptions:
     max_seq: int = 2048
     kv_blocks: int = 0
     check_ir: bool = False
+    synthetic_seed: int | None = None  # set: MODEL is a config; weights are seeded and filled at load
 
     def compile_options(self) -> CompileOptions:
         if self.quant not in QUANT:
@@ -55,7 +57,11 @@ def build(model_path: str | Path, out: str | Path, opts: BuildOptions, progress:
         get_target(a)   # refuse a bad --arch before any work
     opts.compile_options()
     progress(f"loading {Path(model_path).name}")
-    return build_loaded(load_model(model_path, progress=progress), out, opts, progress)
+    if opts.synthetic_seed is not None:
+        loaded = load_config(model_path, opts.synthetic_seed)
+    else:
+        loaded = load_model(model_path, progress=progress)
+    return build_loaded(loaded, out, opts, progress)
 
 
 def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progress: Progress = lambda s: None) -> Manifest:
@@ -63,16 +69,21 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
     targets = [get_target(a) for a in dict.fromkeys(opts.archs)]
     t0 = time.perf_counter()
     module = compile_loaded(loaded, opts.compile_options(), opts.check_ir, progress)
+    synthetic = {} if loaded.synthetic_seed is None else synthetic_weights.specs(module.params, loaded.synthetic_seed)
     plans, cubins = {}, {}
     for target in targets:
         progress(f"lowering for {target.name}")
         plans[target.name] = lower(module, target)
+        if synthetic:
+            init = synthetic_weights.init_graph(synthetic, target)
+            plans[target.name] = replace(plans[target.name], graphs={**plans[target.name].graphs, "init": init})
         kernels = sorted({launch.kernel for g in plans[target.name].graphs.values() for launch in g.launches})
         progress(f"nvcc: {len(kernels)} kernels for {target.name}")
         cubins[target.name] = build_cubin(kernels, target)
-    manifest = _manifest(loaded, module, plans)
+    manifest = _manifest(loaded, module, plans, synthetic)
     progress(f"writing {out}")
-    manifest = store.write(Path(out), manifest, plans, cubins, dict(module.params), loaded.tokenizer_json)
+    stored = {name: a for name, a in module.params.items() if name not in synthetic}
+    manifest = store.write(Path(out), manifest, plans, cubins, stored, loaded.tokenizer_json)
     progress(f"done in {time.perf_counter() - t0:.1f} s")
     return manifest
 
@@ -90,7 +101,7 @@ def compile_loaded(loaded: LoadedModel, copts: CompileOptions, check_ir: bool = 
     return compile_module(module, copts, check=check_ir, progress=progress)
 
 
-def _manifest(loaded: LoadedModel, module: Module, plans: dict) -> Manifest:
+def _manifest(loaded: LoadedModel, module: Module, plans: dict, synthetic: dict) -> Manifest:
     cfg = loaded.config
     return Manifest(
         grokc_version=__version__,
@@ -103,6 +114,8 @@ def _manifest(loaded: LoadedModel, module: Module, plans: dict) -> Manifest:
         tokenizer={"file": "tokenizer.json", "chat_template": loaded.chat_template,
                    "bos_token_id": cfg.bos_token_id, "eos_token_ids": list(cfg.eos_token_ids)},
         passes=list(module.meta["passes"]),
-        weights={"file": "weights.safetensors", "synthetic": None},
+        weights={"file": "weights.safetensors", "synthetic": {
+            "seed": loaded.synthetic_seed, "tensors": {n: t.to_json() for n, t in sorted(synthetic.items())},
+        } if synthetic else None},
         kernels={arch: sorted({l.kernel for g in p.graphs.values() for l in g.launches}) for arch, p in plans.items()},
     )

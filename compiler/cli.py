@@ -68,6 +68,8 @@ def build(
     buckets: str = typer.Option("128,512", "--buckets", help="Prompt lengths to compile prefill graphs for; a prompt is padded to the smallest that holds it."),
     max_seq: int = typer.Option(2048, "--max-seq", help="Longest sequence (prompt + generated tokens) a slot can hold."),
     kv_blocks: int = typer.Option(0, "--kv-blocks", help="KV-cache blocks of 16 tokens shared by all slots; 0 = batch * max-seq / 16."),
+    synthetic_weights: bool = typer.Option(False, "--synthetic-weights", help="MODEL is a Hugging Face config.json: store a seeded weight spec the runner fills on the GPU (for speed work; the text is noise)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of --synthetic-weights."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON when done."),
 ):
     """Compile MODEL into an artifact: cubins per arch, graph plans, weights, tokenizer."""
@@ -75,7 +77,7 @@ def build(
 
     opts = BuildOptions(archs=tuple(arch), quant=quant, group_size=group_size, batch=batch,
                         buckets=_csv_ints(buckets, "--buckets"), max_seq=max_seq, kv_blocks=kv_blocks,
-                        check_ir=DEBUG["on"])
+                        check_ir=DEBUG["on"], synthetic_seed=seed if synthetic_weights else None)
     out = out or Path("dist") / model.stem.split(".")[0]
     manifest = run_build(model, out, opts, progress=_progress)
     if as_json:
@@ -102,6 +104,8 @@ def run(
 
     r = Runner(artifact, device=device)
     _progress(f"running on {r.device} ({r.backend.arch} plan)")
+    if r.synthetic:
+        typer.echo("grokc: warning: this artifact has synthetic (random) weights; its output text is noise", err=True)
     outs = r.generate(list(prompt), max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                       top_p=top_p, seed=seed)
     for p, o in zip(prompt, outs):

@@ -189,7 +189,10 @@ class Module:
 
 
 def frozen_array(a: np.ndarray) -> np.ndarray:
-    """A C-contiguous, read-only view of ``a``, as parameters are stored."""
+    """A read-only view of ``a``, as parameters are stored (C-contiguous unless ``a`` was read-only
+    already, e.g. a zero-stride placeholder of synthetic weights)."""
+    if not a.flags.writeable:
+        return a
     a = np.ascontiguousarray(a).view()
     a.flags.writeable = False
     return a

@@ -27,6 +27,7 @@ from grokc.artifacts.errors import ArtifactError
 from grokc.artifacts.kernel_abi import KERNEL_ABI, KERNEL_VARIANTS, KV_BLOCK_SIZE, ArgKind
 from grokc.artifacts.plan import Buffer, Launch, Plan
 from grokc.artifacts.rng import uniform
+from grokc.artifacts.synthetic import Fill, SyntheticTensor, materialize
 
 F16, F32, I32, U8 = np.float16, np.float32, np.int32, np.uint8
 
@@ -285,6 +286,12 @@ def sample(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
         active[b] = 0 if t in eos or c + 1 >= max_new[b] else 1
 
 
+def fill_synthetic(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
+    n, fill = args["n"], Fill(args["fill"])
+    spec = SyntheticTensor("uint8" if fill is Fill.BYTES else "float16", (n,), fill, args["seed"], args["scale"])
+    _arr(args, "out", U8 if fill is Fill.BYTES else F16, n)[...] = materialize(spec)
+
+
 OPS: dict[str, Callable[[dict[str, Any], dict[str, str]], None]] = {
     "embedding": embedding,
     "linear": linear,
@@ -292,6 +299,7 @@ OPS: dict[str, Callable[[dict[str, Any], dict[str, str]], None]] = {
     "attention_decode": attention_decode,
     "take_last": take_last,
     "sample": sample,
+    "fill_synthetic": fill_synthetic,
 }
 assert OPS.keys() == KERNEL_ABI.keys()
 

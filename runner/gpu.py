@@ -26,6 +26,7 @@ import numpy as np
 from grokc.artifacts.errors import ArtifactError, TargetError
 from grokc.artifacts.kernel_abi import KERNEL_ABI, ArgKind
 from grokc.artifacts.plan import Buffer, GraphPlan, Launch, Plan
+from grokc.artifacts.synthetic import SyntheticTensor
 
 from . import cuda_driver as cd
 from .cuda_driver import CudaError, NoCudaDevice  # noqa: F401  (re-exported for the CLI)
@@ -60,19 +61,19 @@ def check_device(archs: list[str], ordinal: int = 0) -> str:
         return _require_arch(ctx, archs)
 
 
-def _weight_layout(weights: Mapping[str, np.ndarray]) -> tuple[dict[str, int], int]:
+def _weight_layout(weights: Mapping[str, np.ndarray | SyntheticTensor]) -> tuple[dict[str, int], int]:
     """Byte offset of each weight (sorted by name, each 256-byte aligned) and the total size."""
     offsets, end = {}, 0
     for name in sorted(weights):
         offsets[name] = end
-        end += -(-np.asarray(weights[name]).nbytes // WEIGHT_ALIGN) * WEIGHT_ALIGN
+        end += -(-weights[name].nbytes // WEIGHT_ALIGN) * WEIGHT_ALIGN
     return offsets, end
 
 
 class GpuExecutor:
     """Replays a ``Plan``'s graphs on a GPU (see the module docstring)."""
 
-    def __init__(self, plan: Plan, weights: Mapping[str, np.ndarray], cubin: bytes, ordinal: int = 0):
+    def __init__(self, plan: Plan, weights: Mapping[str, np.ndarray | SyntheticTensor], cubin: bytes, ordinal: int = 0):
         try:
             plan.validate()
         except ValueError as exc:
@@ -90,7 +91,7 @@ class GpuExecutor:
                 self.close()
             raise
 
-    def _load(self, weights: Mapping[str, np.ndarray], cubin: bytes) -> None:
+    def _load(self, weights: Mapping[str, np.ndarray | SyntheticTensor], cubin: bytes) -> None:
         offsets, weight_bytes = _weight_layout(weights)
         need, free = self.plan.arena_bytes + weight_bytes, self.ctx.free_memory()
         if need > free:
@@ -105,7 +106,8 @@ class GpuExecutor:
         self.weights = self._own(cd.DeviceBuffer(weight_bytes))
         self._weight_ptr = {}
         for name, offset in offsets.items():
-            self.weights.upload(np.asarray(weights[name]), offset)
+            if not isinstance(weights[name], SyntheticTensor):   # synthetic ones are filled by the init graph
+                self.weights.upload(np.asarray(weights[name]), offset)
             self._weight_ptr[name] = self.weights.ptr + offset
         self.module = self._own(cd.Module(cubin))
         self._checked_kernels: set[str] = set()

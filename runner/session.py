@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer
 
 from grokc.artifacts.errors import GrokcError
@@ -48,12 +49,17 @@ def choose_backend(artifact: Artifact, device: str) -> Backend:
 
 
 def make_executor(artifact: Artifact, backend: Backend) -> Executor:
-    plan, weights = artifact.plan(backend.arch), artifact.weights()
+    """The backend's executor with every weight in place (synthetic ones filled by ``init``)."""
+    plan, weights, synthetic = artifact.plan(backend.arch), artifact.weights(), artifact.synthetic()
     if backend.device == "cpu":
         from .cpu import CpuExecutor
-        return CpuExecutor(plan, weights)
-    from .gpu import GpuExecutor
-    return GpuExecutor(plan, weights, artifact.cubin(backend.arch))
+        executor = CpuExecutor(plan, {**weights, **{n: np.zeros(t.shape, t.dtype) for n, t in synthetic.items()}})
+    else:
+        from .gpu import GpuExecutor
+        executor = GpuExecutor(plan, {**weights, **synthetic}, artifact.cubin(backend.arch))
+    if "init" in plan.graphs:
+        executor.replay("init")
+    return executor
 
 
 class Runner:
@@ -68,6 +74,11 @@ class Runner:
     @property
     def device(self) -> str:
         return self.backend.device
+
+    @property
+    def synthetic(self) -> bool:
+        """True when the weights are seeded random numbers (a speed artifact): the text is noise."""
+        return bool(self.artifact.manifest.weights.get("synthetic"))
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text).ids

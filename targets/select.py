@@ -19,10 +19,10 @@ from types import ModuleType
 
 from grokc.artifacts.errors import TargetError, UnsupportedOp
 
-from . import rules_attention, rules_linear, rules_misc
+from . import rules_attention, rules_linear, rules_misc, rules_synthetic
 from .base import KernelCall, KernelChoice, KernelRule, Target
 
-MODULES: tuple[ModuleType, ...] = (rules_linear, rules_attention, rules_misc)
+MODULES: tuple[ModuleType, ...] = (rules_linear, rules_attention, rules_misc, rules_synthetic)
 
 
 def _assemble() -> dict[str, list[KernelRule]]:
@@ -59,4 +59,4 @@ def owner(symbol: str) -> tuple[ModuleType, str]:
         src = mod.kernel_source(symbol)
         if src is not None:
             return mod, src
-    raise TargetError(f"unknown kernel symbol '{symbol}'; no rule module (linear, attention, misc) defines it")
+    raise TargetError(f"unknown kernel symbol '{symbol}'; no rule module (linear, attention, misc, synthetic) defines it")

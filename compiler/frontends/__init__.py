@@ -55,7 +55,8 @@ class LoadedModel:
     tokenizer_json: str
     chat_template: str | None
     source_sha256: str
-    source_format: str  # "gguf" | "hf"
+    source_format: str  # "gguf" | "hf" | "config" (synthetic weights)
+    synthetic_seed: int | None = None  # set: the weights are placeholders for seeded synthetic ones
 
 
 def weight_names(config: ModelConfig) -> list[str]:
