@@ -1,0 +1,100 @@
+"""Kernel rules for ``sample``, ``embedding`` and ``take_last`` (kernels in ``kernels/sample.cuh``,
+``kernels/misc.cuh``).
+
+Same module protocol as ``rules_attention``: ``RULES`` (op -> ordered rules, fallback last),
+``HEADERS`` and ``kernel_source(symbol)``.
+
+- sample: ``sample_block``, one block of 1024 threads per row, for vocabularies up to 262144
+  (2048 chunks of 128 tokens in the final walk). Larger vocabularies have no kernel yet.
+- embedding / take_last: 16-byte copies when ``hidden % 8 == 0``, else a per-element fallback.
+"""
+
+from __future__ import annotations
+
+from grokc.artifacts.kernel_abi import KERNEL_ABI, ArgKind
+
+from .base import KernelCall, KernelChoice, KernelRule, Target
+
+HEADERS: tuple[str, ...] = ("sample.cuh", "misc.cuh")
+
+_PTR_TYPES = {
+    "embedding": {"out": "half*", "tokens": "const int*", "table": "const half*"},
+    "take_last": {"out": "half*", "x": "const half*", "n_real": "const int*"},
+    "sample": {
+        "logits": "const float*", "slot": "const int*", "n_real": "const int*", "temperature": "const float*",
+        "top_k": "const int*", "top_p": "const float*", "seed": "const int*", "tokens": "int*",
+        "positions": "int*", "active": "int*", "out_tokens": "int*", "out_count": "int*",
+        "max_new": "const int*", "eos_ids": "const int*",
+    },
+}
+SAMPLE_THREADS = 1024
+SAMPLE_MAX_VOCAB = 2048 * 128  # grokc_sample::kMaxVocab
+
+
+def _c_params(op: str) -> tuple[str, str]:
+    """``(declaration list, argument list)`` of ``KERNEL_ABI[op]`` in C."""
+    decl, names = [], []
+    for p in KERNEL_ABI[op]:
+        ctype = _PTR_TYPES[op][p.name] if p.kind is ArgKind.PTR else ("int" if p.kind is ArgKind.I32 else "float")
+        decl.append(f"{ctype} {p.name}")
+        names.append(p.name)
+    return ", ".join(decl), ", ".join(names)
+
+
+def _copy_block(width: int) -> tuple[int, int, int]:
+    """Threads for a row copy of ``width`` items: a multiple of 32, at most 256."""
+    return (min(256, max(32, -(-width // 32) * 32)), 1, 1)
+
+
+def sample_block(call: KernelCall, target: Target) -> KernelChoice | None:
+    if not 0 < int(call.dims["V"]) <= SAMPLE_MAX_VOCAB:
+        return None
+    return KernelChoice("sample_rows_t1024", (int(call.dims["M"]), 1, 1), (SAMPLE_THREADS, 1, 1), 0, "sample_block")
+
+
+def embedding_v8(call: KernelCall, target: Target) -> KernelChoice | None:
+    hidden = int(call.dims["hidden"])
+    if hidden % 8:
+        return None
+    return KernelChoice("embedding_v8", (int(call.dims["n"]), 1, 1), _copy_block(hidden // 8), 0, "embedding_v8")
+
+
+def embedding_v1(call: KernelCall, target: Target) -> KernelChoice | None:
+    hidden = int(call.dims["hidden"])
+    return KernelChoice("embedding_v1", (int(call.dims["n"]), 1, 1), _copy_block(hidden), 0, "embedding_v1")
+
+
+def take_last_v8(call: KernelCall, target: Target) -> KernelChoice | None:
+    hidden = int(call.dims["hidden"])
+    if hidden % 8:
+        return None
+    return KernelChoice("take_last_v8", (1, 1, 1), _copy_block(hidden // 8), 0, "take_last_v8")
+
+
+def take_last_v1(call: KernelCall, target: Target) -> KernelChoice | None:
+    return KernelChoice("take_last_v1", (1, 1, 1), _copy_block(int(call.dims["hidden"])), 0, "take_last_v1")
+
+
+RULES: dict[str, list[KernelRule]] = {
+    "sample": [sample_block],
+    "embedding": [embedding_v8, embedding_v1],
+    "take_last": [take_last_v8, take_last_v1],
+}
+
+_SOURCES = {
+    "sample_rows_t1024": ("sample", "grokc_sample::sample_rows", SAMPLE_THREADS),
+    "embedding_v8": ("embedding", "grokc_misc::embedding_rows<8>", 256),
+    "embedding_v1": ("embedding", "grokc_misc::embedding_rows<1>", 256),
+    "take_last_v8": ("take_last", "grokc_misc::take_last_row<8>", 256),
+    "take_last_v1": ("take_last", "grokc_misc::take_last_row<1>", 256),
+}
+
+
+def kernel_source(symbol: str) -> str | None:
+    """The entry point ``symbol`` as C++ over ``HEADERS``, or None when it is not one of these ops."""
+    if symbol not in _SOURCES:
+        return None
+    op, body, threads = _SOURCES[symbol]
+    decl, args = _c_params(op)
+    return (f'extern "C" __global__ void __launch_bounds__({threads}) {symbol}({decl}) {{\n'
+            f"  {body}({args});\n}}\n")
