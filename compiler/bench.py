@@ -1,0 +1,110 @@
+"""``grokc bench``: the artifact's speed on this GPU, beside PyTorch on the same shapes, as JSON.
+
+Measured on the runner (CUDA graphs, no torch in the timed path): load time, time to first token,
+prefill ms per bucket, decode ms per step at batch 1 and at the build's batch. Every decode
+figure comes with the bytes a step must read (every weight the decode graph touches once, one
+embedding row per slot, the KV cache up to the context) and the bandwidth that implies, as a
+fraction of the card's device-to-device copy bandwidth measured in the same run (the roofline).
+The baselines (``compiler/baseline.py``) run in the same process, after the artifact.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from grokc.artifacts.plan import IO, Plan
+from grokc.runner import Runner, SamplingParams
+
+from .config import ModelConfig
+
+Progress = Callable[[str], None]
+
+
+def decode_bytes(plan: Plan, weights: dict[str, int], cfg: ModelConfig, batch: int, context: int) -> int:
+    """Bytes one decode step must read: its weights once (one embedding row per slot) + the KV cache."""
+    total = 0
+    for launch in plan.graphs["decode"].launches:
+        for arg in launch.args:
+            if arg.weight is None:
+                continue
+            if launch.op == "embedding":
+                total += batch * cfg.hidden_size * 2
+            else:
+                total += weights[arg.weight]
+    kv = cfg.num_layers * 2 * batch * context * cfg.kv_dim * 2
+    return total + kv
+
+
+def _time(fn: Callable[[], None], sync: Callable[[], None], steps: int) -> float:
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) * 1e3 / steps
+
+
+def bench_artifact(path: Path, steps: int = 100, context: int = 128, baselines: bool = True,
+                   progress: Progress = lambda s: None) -> dict:
+    t0 = time.perf_counter()
+    runner = Runner(path, device="cuda")
+    load_s = time.perf_counter() - t0
+    manifest, plan, ex, engine = runner.artifact.manifest, runner.plan, runner.executor, runner.engine
+    cfg = ModelConfig.from_json(manifest.model)
+    batch, buckets = manifest.shapes["batch"], manifest.shapes["buckets"]
+    sizes = {n: a.nbytes for n, a in {**runner.artifact.weights(), **runner.artifact.synthetic()}.items()}
+    rng = np.random.default_rng(0)
+    prompt = [int(t) for t in rng.integers(100, cfg.vocab_size - 100, context)]
+
+    t0 = time.perf_counter()
+    slot = engine.add(prompt, SamplingParams(max_new_tokens=1))
+    engine.tokens(slot)
+    ttft_ms = (time.perf_counter() - t0) * 1e3
+    engine.release(slot)
+
+    prefill = {}
+    for L in buckets:
+        slot = engine.add(prompt[:1] * L, SamplingParams(max_new_tokens=1), bucket=L)
+        prefill[L] = _time(lambda: ex.replay(f"prefill_{L}"), ex.synchronize, max(3, steps // 10))
+        engine.release(slot)
+
+    decode = {}
+    for b in sorted({1, batch}):
+        progress(f"grokc decode at batch {b}")
+        slots = [engine.add(prompt, SamplingParams(max_new_tokens=steps + 16)) for _ in range(b)]
+        ms = _time(lambda: ex.replay("decode"), ex.synchronize, steps)
+        still_active = int(engine.active()[slots].sum())
+        for s in slots:
+            engine.release(s)
+        nbytes = decode_bytes(plan, sizes, cfg, b, context + steps // 2)
+        decode[b] = {"ms_per_step": ms, "bytes_per_step": nbytes, "GBps": nbytes / (ms * 1e-3) / 1e9,
+                     "slots_active_at_end": still_active}
+    result = {
+        "artifact": str(path), "device": runner.executor.ctx.name, "arch": runner.backend.arch,
+        "model": {k: manifest.model[k] for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                                                  "intermediate_size", "vocab_size")},
+        "quant": manifest.quant["name"], "synthetic_weights": runner.synthetic,
+        "context": context, "steps": steps,
+        "grokc": {"load_s": load_s, "ttft_ms": ttft_ms, "prefill_ms": prefill, "decode": decode},
+    }
+    runner.executor.close()
+    if baselines:
+        from .baseline import copy_bandwidth_gbps, decode_baselines
+
+        bw = copy_bandwidth_gbps()
+        result["copy_bandwidth_GBps"] = bw
+        for b, d in decode.items():
+            d["roofline_fraction"] = d["GBps"] / bw
+            d["roofline_ms"] = d["bytes_per_step"] / (bw * 1e9) * 1e3
+        result["torch"] = {}
+        for b in decode:
+            progress(f"torch baselines at batch {b}")
+            base = decode_baselines(cfg, b, manifest.shapes["max_seq"], context + steps // 2, steps)
+            result["torch"][b] = base
+            decode[b]["speedup"] = {k: v / decode[b]["ms_per_step"] for k, v in base.items()}
+    return result
