@@ -31,6 +31,7 @@ from .select import MODULES, owner
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 FLAGS: tuple[str, ...] = ("-O3", "-std=c++17", "--cubin")
+DEFAULT_NVCC = "/usr/local/cuda/bin/nvcc"
 
 
 def find_nvcc() -> str:
@@ -40,7 +41,7 @@ def find_nvcc() -> str:
         if Path(env).is_file():
             return env
         raise TargetError(f"GROKC_NVCC={env} is not a file; point it at nvcc (e.g. /usr/local/cuda/bin/nvcc)")
-    for candidate in (shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+    for candidate in (shutil.which("nvcc"), DEFAULT_NVCC):
         if candidate and Path(candidate).is_file():
             return candidate
     raise TargetError(

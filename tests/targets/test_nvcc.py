@@ -1,0 +1,125 @@
+"""The nvcc step: every linear kernel family compiles for every arch, the cubin names its arch, the
+bytes are deterministic, and a missing nvcc or a compile error is a one-line TargetError.
+
+Runs on a machine with no GPU; skipped where nvcc is missing (except the missing-nvcc test).
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+
+from grokc.artifacts.errors import TargetError
+from grokc.targets import TARGETS, build_cubin, get_target, nvcc, rules_linear
+
+EM_CUDA = 190
+
+
+def _have_nvcc() -> bool:
+    try:
+        nvcc.find_nvcc()
+        return True
+    except TargetError:
+        return False
+
+
+needs_nvcc = pytest.mark.skipif(not _have_nvcc(), reason="nvcc not found")
+
+# Every family, weight format, activation and output type at least once (sm90, the main target).
+REPRESENTATIVE = [
+    "linear_gemv_q4_none_f16_m8k8r1u2b0",
+    "linear_gemv_q4_silu_f16_m16k4r2u4b0",
+    "linear_gemv_q4g_none_f32_m8k8r1u4b0",
+    "linear_gemv_f16_none_f32_m8k8r1u4b0",
+    "linear_gemm_q4_silu_f16_m128n128w2x4s3b0",
+    "linear_gemm_q4g_none_f16_m64n128w2x4s3b0",
+    "linear_gemm_f16_none_f32_m64n64w2x2s3b0",
+    "linear_ref_q4_silu_f16",
+    "linear_ref_f16_none_f32",
+]
+# A smaller set for the other archs: one kernel of each family.
+PER_ARCH = ["linear_gemv_q4_silu_f16_m8k8r1u2b0", "linear_gemm_q4_none_f16_m64n64w2x2s3b0", "linear_ref_q4_none_f16"]
+
+
+def elf_arch(cubin: bytes) -> tuple[int, int]:
+    """(e_machine, sm) of a cubin: EM_CUDA is 190 and the SM version sits in bits 8..15 of e_flags."""
+    assert cubin[:4] == b"\x7fELF", "not an ELF file"
+    assert cubin[4] == 2, "not a 64-bit ELF"
+    e_machine = struct.unpack_from("<H", cubin, 18)[0]
+    e_flags = struct.unpack_from("<I", cubin, 48)[0]
+    return e_machine, (e_flags >> 8) & 0xFF
+
+
+def test_representative_symbols_are_linear_kernels():
+    for sym in REPRESENTATIVE + PER_ARCH:
+        assert rules_linear.parse(sym) is not None, sym
+        assert f" {sym}(" in rules_linear.kernel_source(sym)
+
+
+@needs_nvcc
+def test_sm90_compiles_every_linear_family():
+    cubin = build_cubin(REPRESENTATIVE, get_target("sm90"))
+    assert elf_arch(cubin) == (EM_CUDA, 90)
+    for sym in REPRESENTATIVE:
+        assert sym.encode() + b"\0" in cubin, f"{sym} missing from the cubin's symbols"
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", [a for a in TARGETS if a != "sm90"])
+def test_every_arch_compiles(arch: str):
+    target = get_target(arch)
+    cubin = build_cubin(PER_ARCH, target)
+    assert elf_arch(cubin) == (EM_CUDA, target.sm)
+    for sym in PER_ARCH:
+        assert sym.encode() + b"\0" in cubin
+
+
+@needs_nvcc
+def test_same_kernels_same_bytes():
+    target = get_target("sm90")
+    a = build_cubin(["linear_ref_q4_none_f16", "linear_ref_f16_none_f32"], target)
+    b = build_cubin(["linear_ref_f16_none_f32", "linear_ref_q4_none_f16", "linear_ref_f16_none_f32"], target)
+    assert a == b
+
+
+def test_translation_unit_is_sorted_and_deduplicated():
+    src = nvcc.translation_unit(["linear_ref_q4_none_f16", "linear_ref_f16_none_f32", "linear_ref_q4_none_f16"])
+    assert src.count("linear_ref_q4_none_f16(") == 1
+    assert src.index("linear_ref_f16_none_f32(") < src.index("linear_ref_q4_none_f16(")
+    assert '#include "linear_gemv.cuh"' in src
+    assert "attention" not in src  # only the owners' headers
+
+
+def test_unknown_symbol_is_a_target_error():
+    with pytest.raises(TargetError, match="unknown kernel symbol 'linear_gemv_bogus'"):
+        nvcc.translation_unit(["linear_gemv_bogus"])
+
+
+def test_missing_nvcc_is_a_target_error(monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("GROKC_NVCC", str(tmp_path / "no-nvcc"))
+    with pytest.raises(TargetError, match="GROKC_NVCC=.* is not a file"):
+        build_cubin(PER_ARCH, get_target("sm90"))
+    monkeypatch.delenv("GROKC_NVCC")
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(nvcc, "DEFAULT_NVCC", str(tmp_path / "cuda" / "bin" / "nvcc"))
+    with pytest.raises(TargetError, match="nvcc not found") as err:
+        build_cubin(PER_ARCH, get_target("sm90"))
+    assert "\n" not in str(err.value)
+
+
+@needs_nvcc
+def test_compile_error_names_arch_and_first_error(monkeypatch):
+    real = rules_linear.kernel_source
+
+    def broken(symbol: str) -> str | None:
+        src = real(symbol)
+        return None if src is None else src.replace("GROKC_LINEAR_ARGS); }", "GROKC_LINEAR_ARGS); undefined_thing; }")
+
+    monkeypatch.setattr(rules_linear, "kernel_source", broken)
+    monkeypatch.delenv("GROKC_DEBUG", raising=False)
+    with pytest.raises(TargetError, match=r"nvcc failed for sm_80 .*undefined_thing") as err:
+        build_cubin(["linear_ref_q4_none_f16"], get_target("sm80"))
+    assert "\n" not in str(err.value)

@@ -1,0 +1,125 @@
+"""Kernel selection for ``linear``: rule order, symbols, launch shapes, and that what is chosen compiles."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from grokc.artifacts.errors import UnsupportedOp
+from grokc.targets import TARGETS, KernelCall, build_cubin, get_target, nvcc, rules_linear, select
+
+# (K, N, act, weight_format, out_dtype) of Llama-3.2-1B and SmolLM2-135M.
+LLAMA_1B = [(2048, 3072, "none", "q4", "f16"), (2048, 2048, "none", "q4", "f16"),
+            (2048, 8192, "silu_mul", "q4", "f16"), (8192, 2048, "none", "q4", "f16"),
+            (2048, 128256, "none", "f16", "f32")]
+SMOLLM2 = [(576, 960, "none", "q4", "f16"), (576, 576, "none", "q4", "f16"),
+           (576, 1536, "silu_mul", "q4", "f16"), (1536, 576, "none", "q4", "f16"),
+           (576, 49152, "none", "f16", "f32")]
+
+
+def call(m: int, n: int, k: int, act: str = "none", wf: str = "q4", out: str = "f16", gs: int = 0) -> KernelCall:
+    return KernelCall("linear", {"weight_format": wf, "act": act, "out_dtype": out},
+                      {"M": m, "N": n, "K": k, "group_size": gs, "eps": 1e-5})
+
+
+def check_launch(c, m: int, n: int, k: int, act: str, target) -> None:
+    """Grid covers the output, block and shared memory are within the target's limits."""
+    v = rules_linear.parse(c.kernel)
+    assert v is not None
+    threads = c.block[0] * c.block[1] * c.block[2]
+    assert c.block == (threads, 1, 1) and 32 <= threads <= 1024
+    assert 0 <= c.smem <= target.smem_per_block
+    if isinstance(v, rules_linear.Gemv):
+        assert c.grid[1:] == (1, 1) and v.blocks(n) == c.grid[0]
+        cols = 8 * v.rg // (2 if act == "silu_mul" else 1)
+        assert (c.grid[0] - 1) * cols < n <= c.grid[0] * cols
+        assert c.smem == v.smem(m, k) and threads == v.threads
+        assert m <= v.mt
+    elif isinstance(v, rules_linear.Gemm):
+        cols = v.bn // (2 if act == "silu_mul" else 1)
+        assert c.grid[0] * cols >= n and c.grid[1] * v.bm >= m and c.grid[2] == 1
+        assert c.smem == v.smem() and threads == v.threads
+    else:
+        assert c.grid == (-(-n // 128), m, 1) and c.smem == 0
+
+
+@pytest.mark.parametrize("arch", list(TARGETS))
+@pytest.mark.parametrize("m", [1, 3, 8, 16, 17, 100, 512, 4096])
+def test_model_shapes(arch: str, m: int):
+    target = get_target(arch)
+    for k, n, act, wf, out in LLAMA_1B + SMOLLM2:
+        c = select(call(m, n, k, act, wf, out), target)
+        want = "linear.gemv" if m <= 16 else "linear.gemm"
+        assert c.rule == want, (m, n, k, c)
+        assert c.kernel.startswith(f"linear_{want.split('.')[1]}_")
+        check_launch(c, m, n, k, act, target)
+
+
+def test_rule_order():
+    t = get_target("sm90")
+    assert select(call(1, 3072, 2048), t).rule == "linear.gemv"
+    assert rules_linear.parse(select(call(8, 3072, 2048), t).kernel).mt == 8
+    assert rules_linear.parse(select(call(9, 3072, 2048), t).kernel).mt == 16
+    assert select(call(16, 3072, 2048), t).rule == "linear.gemv"
+    assert select(call(17, 3072, 2048), t).rule == "linear.gemm"
+    # int4 needs K % 32 and group sizes of 32s for the fast kernels; anything else falls back
+    assert select(call(1, 64, 40), t).rule == "linear.ref"
+    assert select(call(64, 64, 40), t).rule == "linear.ref"
+    assert select(call(1, 64, 64, gs=16), t).rule == "linear.ref"
+    assert select(call(1, 64, 40, wf="f16"), t).rule == "linear.gemv"  # f16 only needs K % 8
+    assert select(call(1, 64, 576, gs=64), t).kernel.startswith("linear_gemv_q4g_")
+    assert select(call(1, 64, 576, gs=576), t).kernel.startswith("linear_gemv_q4_")  # one group = per channel
+    assert select(call(100, 64, 576, gs=128), t).kernel.startswith("linear_gemm_q4g_")
+
+
+def test_symbols_encode_the_variant():
+    t = get_target("sm90")
+    c = select(call(1, 8192, 2048, "silu_mul", "q4", "f32"), t)
+    assert c.kernel.startswith("linear_gemv_q4_silu_f32_")
+    c = select(call(512, 2048, 2048, "none", "f16", "f16"), t)
+    assert c.kernel.startswith("linear_gemm_f16_none_f16_")
+
+
+def test_parse_round_trip_and_rejects():
+    for sym in ["linear_gemv_q4_none_f16_m8k8r1u2b0", "linear_gemm_q4g_silu_f32_m64n128w2x4s3b2",
+                "linear_ref_f16_silu_f16"]:
+        v = rules_linear.parse(sym)
+        assert v is not None and v.symbol == sym
+        assert rules_linear.kernel_source(sym).startswith('extern "C" __global__')
+    for bad in ["linear_gemv_q4_none_f16_m12k8r1u2b0",   # MT is 8 or 16
+                "linear_gemv_q4_none_f16_m8k3r1u2b0",    # KS a power of two
+                "linear_gemm_q4_silu_f16_m64n64w2x4s3b0",  # silu needs an even n-tile count per warp
+                "linear_ref_q4g_none_f16", "linear_gemv_q4_none_f16_m08k8r1u2b0", "attn_decode_ref"]:
+        assert rules_linear.parse(bad) is None, bad
+        assert rules_linear.kernel_source(bad) is None
+
+
+def test_gemv_smem_slabs_stay_in_budget():
+    # M = 16 with K = 8192 does not fit one slab: x is staged in slabs of whole rounds
+    v = rules_linear.Gemv("q4", "none", "f16", 16, 8, 1, 4, 0)
+    assert v.smem(16, 8192) <= rules_linear.GEMV_X_BUDGET + 17 * v.round_k() * 2
+    assert v.smem(1, 8192) == 2 * 8192 * 2 + 8 * 1 * 8 * 4 + 4
+
+
+def test_invalid_calls():
+    t = get_target("sm90")
+    with pytest.raises(UnsupportedOp, match="no kernel rules for op 'conv2d'"):
+        select(KernelCall("conv2d", {}, {}), t)
+    with pytest.raises(UnsupportedOp, match="no kernel for op 'linear'"):
+        select(call(1, 64, 64, act="gelu"), t)
+    with pytest.raises(UnsupportedOp):
+        select(call(1, 64, 60), t)  # K % 8 != 0: not even the int4 layout allows it
+
+
+@pytest.mark.skipif(not nvcc.shutil.which("nvcc") and not nvcc.Path(nvcc.DEFAULT_NVCC).is_file(),
+                    reason="nvcc not found")
+def test_every_choice_compiles():
+    """Every symbol the rules pick for the two models' shapes (decode and prefill) compiles for sm90."""
+    t = get_target("sm90")
+    symbols = set()
+    for (k, n, act, wf, out), m in itertools.product(LLAMA_1B + SMOLLM2, (1, 4, 16, 128, 512)):
+        symbols.add(select(call(m, n, k, act, wf, out), t).kernel)
+    cubin = build_cubin(sorted(symbols), t)
+    for sym in symbols:
+        assert sym.encode() + b"\0" in cubin
