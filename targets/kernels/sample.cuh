@@ -67,7 +67,7 @@ template <class F>
 __device__ __forceinline__ void for_row(const float* row, int V, F&& f) {
   if ((V & 3) == 0 && (reinterpret_cast<uintptr_t>(row) & 15) == 0) {
     const float4* r4 = reinterpret_cast<const float4*>(row);
-#pragma unroll 2
+#pragma unroll 4
     for (int j = threadIdx.x; j < (V >> 2); j += kThreads) {
       const float4 x = __ldg(r4 + j);
       f(4 * j, x.x);
