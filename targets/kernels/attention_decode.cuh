@@ -49,7 +49,8 @@ __device__ __forceinline__ int cluster_rank() {
 
 __device__ __forceinline__ void cluster_sync() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  // not .aligned: callers reach it right after divergent loops
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 #else
   __trap();
 #endif
