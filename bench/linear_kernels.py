@@ -1,0 +1,759 @@
+"""Device benchmark of the ``linear`` kernels: correctness, speed, and the baselines, in one run.
+
+    python3 bench/linear_kernels.py            # from the repository root, on a GPU machine
+
+Needs numpy, cuda-python (``cuda.bindings``), torch (baselines and the copy bandwidth) and nvcc;
+not grokc installed (it maps ``grokc`` onto the checkout) and not TVM (the TVM kernels come as CUDA
+source in ``bench/tvm_linear_kernels.json``, made by ``bench/tvm_linear_gen.py``). Writes
+``$OUT/linear_bench.json`` (``./bench-out`` without ``$OUT``) and prints a table last.
+
+What it does:
+
+1. Measures the device-to-device copy bandwidth (bytes read + written), the roofline used below.
+2. Builds every kernel variant it times (grokc's with ``build_cubin``, in parallel chunks; TVM's
+   sources with nvcc).
+3. GEMV sweep, M = 1, Llama-3.2-1B shapes: every tiling of the sweep, the tiling the rules pick,
+   TVM's dlight GEMV and torch's fp16 ``F.linear``; M = 4 and 16 for the rule's choice; the
+   SmolLM2-135M shapes for the rule's choice.
+4. GEMM sweep (prefill), a few shapes: every tile config, the rule's, TVM's dlight Matmul (f16 and
+   int4-dequant), torch fp16.
+5. One Llama-3.2-1B decode step's linears (16 layers + LM head, the rule's kernels, one CUDA graph)
+   against torch fp16 doing the same matmuls.
+
+Timing: CUDA events around replays of a CUDA graph of L launches, each launch on another copy of
+the weights (copies together > 3x the 60 MB L2, so weights come from HBM); median of 5 timings,
+their spread reported. Every timed grokc and TVM output is compared with the numpy oracle
+(``runner/cpu.py``) after timing (outputs poisoned with NaN first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    import grokc.artifacts  # noqa: F401
+except ModuleNotFoundError:  # a bare checkout: grokc.<part> is the folder <part>/ of the repository
+    _pkg = types.ModuleType("grokc")
+    _pkg.__path__ = [str(ROOT)]
+    sys.modules["grokc"] = _pkg
+
+if os.environ.get("GROKC_BENCH_FAKE_DEVICE"):  # a dry run of this script's plumbing on a CPU machine
+    import runpy
+
+    runpy.run_path(os.environ["GROKC_BENCH_FAKE_DEVICE"])
+
+from grokc.artifacts import int4  # noqa: E402
+from grokc.artifacts.kernel_abi import KERNEL_ABI, ArgKind, Param  # noqa: E402
+from grokc.runner import cuda_driver as cd  # noqa: E402
+from grokc.runner.cpu import OPS  # noqa: E402
+from grokc.targets import KernelCall, build_cubin, get_target, select  # noqa: E402
+from grokc.targets.nvcc import find_nvcc  # noqa: E402
+from grokc.targets.rules_linear import Gemm, Gemv  # noqa: E402
+
+F16, F32 = np.float16, np.float32
+L2_BYTES = 60 * 2**20
+ROTATE_BYTES = 3 * L2_BYTES
+PEAK_TFLOPS = 790.0  # dense bf16 matrix rate measured on this H200 kind (KINDS.md)
+TARGET = get_target("sm90")
+LINEAR = KERNEL_ABI["linear"]
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:6.1f}s] {msg}", flush=True)
+
+
+# -- workloads -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    m: int
+    n: int
+    k: int
+    act: str = "none"      # kernel_abi attr: none | silu_mul
+    wf: str = "q4"         # kernel_abi attr: f16 | q4
+    out: str = "f16"
+    norm: bool = False
+    residual: bool = False
+    gs: int = 0
+
+    @property
+    def nw(self) -> int:
+        return 2 * self.n if self.act == "silu_mul" else self.n
+
+    @property
+    def weight_bytes(self) -> int:
+        w = self.nw * self.k * 2 if self.wf == "f16" else self.nw * self.k // 2 + self.nw * 2
+        return w
+
+    @property
+    def attrs(self) -> dict:
+        return {"weight_format": self.wf, "act": self.act, "out_dtype": self.out}
+
+    @property
+    def dims(self) -> dict:
+        return {"M": self.m, "N": self.n, "K": self.k, "group_size": self.gs, "eps": 1e-5}
+
+    def kernel_wf(self) -> str:
+        if self.wf == "f16":
+            return "f16"
+        return "q4" if self.gs == 0 or self.gs >= self.k else "q4g"
+
+
+LLAMA_DECODE = [
+    Shape("qkv", 1, 3072, 2048, norm=True),
+    Shape("o", 1, 2048, 2048, residual=True),
+    Shape("gate_up", 1, 8192, 2048, act="silu_mul", norm=True),
+    Shape("down", 1, 2048, 8192, residual=True),
+    Shape("lm_head", 1, 128256, 2048, wf="f16", out="f32", norm=True),
+]
+SMOL_DECODE = [
+    Shape("smol_qkv", 1, 960, 576, norm=True), Shape("smol_o", 1, 576, 576, residual=True),
+    Shape("smol_gate_up", 1, 1536, 576, act="silu_mul", norm=True),
+    Shape("smol_down", 1, 576, 1536, residual=True),
+    Shape("smol_lm_head", 1, 49152, 576, wf="f16", out="f32", norm=True),
+]
+GEMM_SHAPES = [
+    Shape("gemm_up_q4", 512, 8192, 2048),
+    Shape("gemm_up_f16", 512, 8192, 2048, wf="f16"),
+    Shape("gemm_gate_up_q4", 512, 8192, 2048, act="silu_mul", norm=True),
+    Shape("gemm_down_q4", 512, 2048, 8192, residual=True),
+    Shape("gemm_qkv_q4_L2048", 2048, 3072, 2048, norm=True),
+]
+
+# GEMV tilings swept at M = 1: (KS, RG, U, minblocks).
+GEMV_TILINGS = [(ks, rg, u, 0) for ks, rg in ((2, 2), (2, 4), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2))
+                for u in (1, 2, 4, 8)] + [(8, 1, 2, 3), (8, 1, 4, 3), (8, 1, 2, 4), (4, 2, 4, 2), (4, 2, 2, 3), (8, 1, 1, 4)]
+GEMV_M16_TILINGS = [(8, 1, 2, 0), (8, 1, 1, 0), (4, 2, 2, 0), (4, 2, 4, 0), (8, 2, 2, 0), (4, 1, 2, 0)]
+GEMM_TILINGS = [(128, 128, 2, 4, 3, 0), (128, 128, 2, 4, 4, 0), (128, 128, 2, 4, 3, 1), (64, 128, 2, 4, 3, 0),
+                (64, 128, 2, 4, 4, 2), (128, 64, 4, 2, 3, 0), (64, 64, 2, 2, 3, 0), (64, 64, 2, 2, 4, 3)]
+
+
+def gemv_variants(s: Shape, tilings) -> list[Gemv]:
+    act = "silu" if s.act == "silu_mul" else "none"
+    step_k = 32 if s.wf == "f16" else 128
+    nsteps = -(-s.k // step_k)
+    out = []
+    for ks, rg, u, b in tilings:
+        v = Gemv(s.kernel_wf(), act, s.out, 8 if s.m <= 8 else 16, ks, rg, u, b)
+        if ks * u <= max(nsteps, 1) and v.smem(s.m, s.k) <= TARGET.smem_per_block:
+            out.append(v)
+    return out
+
+
+def gemm_variants(s: Shape) -> list[Gemm]:
+    act = "silu" if s.act == "silu_mul" else "none"
+    vs = [Gemm(s.kernel_wf(), act, s.out, *t) for t in GEMM_TILINGS]
+    return [v for v in vs if v.valid() and v.smem() <= TARGET.smem_per_block]
+
+
+def launch_dims(v, s: Shape) -> tuple[tuple, tuple, int]:
+    if isinstance(v, Gemv):
+        return (v.blocks(s.n), 1, 1), (v.threads, 1, 1), v.smem(s.m, s.k)
+    return v.grid(s.m, s.n), (v.threads, 1, 1), v.smem()
+
+
+# -- host data, oracle -------------------------------------------------------------------------------
+
+_WEIGHTS: dict[tuple, tuple] = {}
+
+
+def host_weights(s: Shape, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Random weight (and scales) of a shape, made once per (format, size, seed): packing is slow."""
+    key = (s.wf, s.nw, s.k, s.gs, seed)
+    if key not in _WEIGHTS:
+        rng = np.random.default_rng((seed, s.nw, s.k))
+        if s.wf == "f16":
+            _WEIGHTS[key] = ((rng.standard_normal((s.nw, s.k), F32) / np.sqrt(s.k)).astype(F16), None)
+        else:
+            g = -(-s.k // (s.gs or s.k))
+            _WEIGHTS[key] = (int4.pack(rng.integers(0, 16, (s.nw, s.k), dtype=np.uint8)),
+                             (rng.uniform(0.5, 1.5, (s.nw, g)) / (4 * np.sqrt(s.k))).astype(F16))
+    return _WEIGHTS[key]
+
+
+def host_case(s: Shape, seed: int) -> dict:
+    rng = np.random.default_rng((seed, s.m, s.n, s.k))
+    a = {"x": rng.standard_normal((s.m, s.k)).astype(F16), "scales": None, "zeros": None, "norm": None,
+         "residual": None, **s.dims}
+    a["weight"], a["scales"] = host_weights(s, seed)
+    if s.norm:
+        a["norm"] = rng.uniform(0.5, 1.5, s.k).astype(F16)
+    if s.residual:
+        a["residual"] = rng.standard_normal((s.m, s.n)).astype(F16)
+    a["out"] = np.full((s.m, s.n), np.nan, F16 if s.out == "f16" else F32)
+    return a
+
+
+def oracle(s: Shape, a: dict) -> np.ndarray:
+    ref = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in a.items()}
+    OPS["linear"](ref, s.attrs)
+    return ref["out"].astype(np.float64)
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    got = got.astype(np.float64)
+    if np.isnan(got).any():
+        return float("nan")
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def tol(s: Shape) -> float:
+    return 2e-3 if s.gs == 0 else 5e-3
+
+
+# -- device data ----------------------------------------------------------------------------------
+
+class DeviceCase:
+    """A shape's arrays on the device: the weight (and scales) in enough copies to defeat L2."""
+
+    def __init__(self, s: Shape, seed: int = 0, min_copies: int = 2):
+        self.s = s
+        self.host = host_case(s, seed)
+        self.want = oracle(s, self.host)
+        self.copies = max(min_copies, min(64, -(-ROTATE_BYTES // s.weight_bytes)))
+        self.bufs: list[cd.DeviceBuffer] = []
+        self.weights = [self._up(self.host["weight"]) for _ in range(self.copies)]
+        self.scales = [self._up(self.host["scales"]) for _ in range(self.copies)] if s.wf == "q4" else None
+        self.x = self._up(self.host["x"])
+        self.norm = self._up(self.host["norm"]) if s.norm else None
+        self.residual = self._up(self.host["residual"]) if s.residual else None
+        self.out = self._up(self.host["out"])
+
+    def _up(self, a: np.ndarray) -> cd.DeviceBuffer:
+        b = cd.DeviceBuffer(max(a.nbytes, 256))
+        b.upload(np.ascontiguousarray(a))
+        self.bufs.append(b)
+        return b
+
+    def poison(self) -> None:
+        self.out.upload(np.full(self.host["out"].shape, np.nan, self.host["out"].dtype))
+
+    def read_out(self) -> np.ndarray:
+        o = self.host["out"]
+        return self.out.download(0, o.nbytes).view(o.dtype).reshape(o.shape)
+
+    def args(self, i: int) -> list:
+        """Launch values in KERNEL_ABI["linear"] order, weight copy i."""
+        ptr = lambda b: None if b is None else b.ptr  # noqa: E731
+        v = {"out": self.out.ptr, "x": self.x.ptr, "weight": self.weights[i].ptr,
+             "scales": ptr(self.scales[i]) if self.scales else None, "zeros": None, "norm": ptr(self.norm),
+             "residual": ptr(self.residual), **self.s.dims}
+        return [v[p.name] for p in LINEAR]
+
+    def close(self) -> None:
+        for b in self.bufs:
+            b.close()
+
+
+# -- timing -----------------------------------------------------------------------------------------
+
+class Timer:
+    def __init__(self, stream: cd.Stream):
+        self.stream = stream
+        self.e0, self.e1 = cd.Event(), cd.Event()
+
+    def graph(self, launches: list[cd.KernelLaunch], reps: int = 10, repeats: int = 5) -> tuple[float, float]:
+        """(median µs per launch, spread (max - min) / median) over replays of one graph of ``launches``."""
+        g = cd.Graph(launches)
+        try:
+            g.launch(self.stream)
+            self.stream.synchronize()
+            times = []
+            for _ in range(repeats):
+                self.e0.record(self.stream)
+                for _ in range(reps):
+                    g.launch(self.stream)
+                self.e1.record(self.stream)
+                self.e1.synchronize()
+                times.append(self.e0.elapsed_ms(self.e1) * 1e3 / (reps * len(launches)))
+        finally:
+            g.close()
+        med = statistics.median(times)
+        return med, (max(times) - min(times)) / med
+
+
+def n_launches(copies: int) -> int:
+    """Launches per graph: a multiple of the copies, >= 16, so the last launch uses copy 0."""
+    return copies * max(1, -(-16 // copies))
+
+
+def time_kernel(timer: Timer, fn: cd.Function, v, dc: DeviceCase) -> dict:
+    grid, block, smem = launch_dims(v, dc.s)
+    L = n_launches(dc.copies)
+    launches = [cd.KernelLaunch(fn, grid, block, smem, cd.pack_args(LINEAR, dc.args((j + 1) % dc.copies)))
+                for j in range(L)]
+    dc.poison()
+    us, spread = timer.graph(launches)
+    err = rel_err(dc.read_out(), dc.want)
+    return {"us": us, "spread": spread, "err": err, "ok": bool(err <= tol(dc.s)),
+            "grid": list(grid), "block": list(block), "smem": smem}
+
+
+# -- torch baselines ---------------------------------------------------------------------------------
+
+def torch_linear_us(torch, s: Shape) -> float:
+    """torch.nn.functional.linear, fp16 weights [NW, K], copies rotating, CUDA graph replays."""
+    bytes_w = s.nw * s.k * 2
+    copies = max(2, min(64, -(-ROTATE_BYTES // bytes_w)))
+    L = n_launches(copies)
+    ws = [torch.randn(s.nw, s.k, device="cuda", dtype=torch.float16) for _ in range(copies)]
+    x = torch.randn(s.m, s.k, device="cuda", dtype=torch.float16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for w in ws:
+            torch.nn.functional.linear(x, w)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for j in range(L):
+            torch.nn.functional.linear(x, ws[(j + 1) % copies])
+    g.replay()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        e0.record()
+        for _ in range(10):
+            g.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / (10 * L))
+    del g, ws
+    torch.cuda.empty_cache()
+    return statistics.median(times)
+
+
+def copy_bandwidth(torch) -> float:
+    """Device-to-device copy, bytes read + written per second."""
+    n = 2 * 2**30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    a.fill_(1)
+    b.copy_(a)
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(10):
+        b.copy_(a)
+    e1.record()
+    e1.synchronize()
+    bw = 2 * n * 10 / (e0.elapsed_time(e1) * 1e-3)
+    del a, b
+    torch.cuda.empty_cache()
+    return bw
+
+
+# -- builds -----------------------------------------------------------------------------------------
+
+def build_all(symbols: list[str], jobs: int) -> dict[str, bytes]:
+    symbols = sorted(set(symbols))
+    n = max(1, min(jobs, len(symbols)))
+    chunks = [symbols[i::n] for i in range(n)]
+    with ThreadPoolExecutor(n) as pool:
+        built = list(pool.map(lambda c: build_cubin(c, TARGET), chunks))
+    return {s: cubin for chunk, cubin in zip(chunks, built) for s in chunk}
+
+
+def build_tvm(entries: list[dict], jobs: int) -> dict[str, bytes]:
+    nvcc = find_nvcc()
+
+    def one(e: dict) -> bytes:
+        with tempfile.TemporaryDirectory() as tmp:
+            src = Path(tmp) / "k.cu"
+            src.write_text(e["source"])
+            cmd = [nvcc, "--cubin", "-O3", "-arch=sm_90", "-U__CUDA_NO_HALF_OPERATORS__",
+                   "-U__CUDA_NO_HALF_CONVERSIONS__", "--expt-relaxed-constexpr", "-o", "k.cubin", "k.cu"]
+            proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
+            if proc.returncode:
+                raise RuntimeError(f"nvcc failed on {e['name']}: {proc.stderr[-2000:]}")
+            return (Path(tmp) / "k.cubin").read_bytes()
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        return dict(zip([e["name"] for e in entries], pool.map(one, entries)))
+
+
+# -- jobs: each runs in its own process, so a kernel fault cannot take the whole run down ---------------
+
+@dataclass
+class Results:
+    records: list = field(default_factory=list)
+
+    def add(self, **r) -> dict:
+        self.records.append(r)
+        return r
+
+
+class Kernels:
+    """Cubins built by the parent, loaded on demand in a child: symbol -> cd.Function."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.index = json.loads((folder / "index.json").read_text())
+        self.modules: dict[str, cd.Module] = {}
+
+    def function(self, symbol: str, kernel: str | None = None) -> cd.Function:
+        file = self.index[symbol]
+        if file not in self.modules:
+            self.modules[file] = cd.Module((self.folder / file).read_bytes())
+        return self.modules[file].function(kernel or symbol)
+
+
+def run_job(job: dict, folder: Path) -> dict:
+    """One job in this process: {"kind": "copy" | "plan" | "tvm" | "decode", ...} -> its results."""
+    import torch
+
+    ctx = cd.Context(0)
+    try:
+        torch.zeros(1, device="cuda")
+        have_torch = True
+    except (RuntimeError, AssertionError) as exc:  # a torch without CUDA: no baselines
+        log(f"torch has no CUDA ({exc}); skipping its baselines")
+        have_torch = False
+    ctx.make_current()
+    stream = cd.Stream()
+    timer = Timer(stream)
+    kernels = Kernels(folder)
+    res = Results()
+    if job["kind"] == "copy":
+        return {"copy_bandwidth": copy_bandwidth(torch), "device": ctx.name,
+                "sms": ctx.attribute("MULTIPROCESSOR_COUNT"), "torch": torch.__version__,
+                "driver_kernel_time_note": "per launch, graph replays, weights rotating past L2"}
+    if job["kind"] == "plan":
+        for section, shape, syms, with_torch in job["items"]:
+            s = Shape(**shape)
+            dc = DeviceCase(s)
+            for sym in syms:
+                r = time_kernel(timer, kernels.function(sym), _parse(sym), dc)
+                res.add(section=section, shape=s.name, m=s.m, n=s.n, k=s.k, kernel=sym, rule_choice=sym == job["rules"][s.name + str(s.m)],
+                        bytes=s.weight_bytes, gbps=s.weight_bytes / r["us"] / 1e3,
+                        tflops=2 * s.m * s.nw * s.k / r["us"] / 1e6, **r)
+                log(f"{section:6s} {s.name:18s} M={s.m:<4d} {sym:48s} {r['us']:8.2f} us "
+                    f"{s.weight_bytes / r['us'] / 1e3:6.0f} GB/s err {r['err']:.1e}")
+            dc.close()
+            if with_torch and have_torch:
+                us = torch_linear_us(torch, s)
+                res.add(section=section, shape=s.name, m=s.m, n=s.n, k=s.k, kernel="torch_f16_linear", rule_choice=False,
+                        bytes=s.nw * s.k * 2, us=us, gbps=s.nw * s.k * 2 / us / 1e3,
+                        tflops=2 * s.m * s.nw * s.k / us / 1e6, ok=True, err=0.0, spread=0.0)
+                log(f"{section:6s} {s.name:18s} M={s.m:<4d} torch fp16 {us:.2f} us")
+        return {"records": res.records}
+    if job["kind"] == "tvm":
+        spec = {e["name"]: e for e in json.loads((ROOT / "bench" / "tvm_linear_kernels.json").read_text())["kernels"]}
+        for name in job["names"]:
+            e, s = spec[name], Shape(**job["shapes"][name])
+            dc = DeviceCase(s)
+            params = [Param(p, ArgKind.PTR) for p in e["launches"][0]["args"]]
+
+            def ptrs(i: int) -> dict:
+                return {"x": dc.x.ptr, "w": dc.weights[i].ptr, "s": dc.scales[i].ptr if dc.scales else None,
+                        "y": dc.out.ptr}
+
+            launches = []
+            for j in range(n_launches(dc.copies)):
+                for lz in e["launches"]:
+                    f = kernels.function(name, lz["kernel"])
+                    vals = [ptrs((j + 1) % dc.copies)[a] for a in lz["args"]]
+                    launches.append(cd.KernelLaunch(f, tuple(lz["grid"]), tuple(lz["block"]), lz["smem"],
+                                                    cd.pack_args(params, vals)))
+            dc.poison()
+            us, spread = timer.graph(launches)
+            us *= len(e["launches"])  # per workload, not per kernel
+            err = rel_err(dc.read_out(), dc.want)
+            res.add(section="tvm", shape=s.name, m=s.m, n=s.n, k=s.k, kernel=name, rule_choice=False,
+                    bytes=s.weight_bytes, us=us, spread=spread, err=err, ok=bool(err <= tol(s)),
+                    gbps=s.weight_bytes / us / 1e3, tflops=2 * s.m * s.nw * s.k / us / 1e6)
+            log(f"tvm    {name:30s} {us:.2f} us err {err:.1e}")
+            dc.close()
+        return {"records": res.records}
+    if job["kind"] == "decode":
+        r = decode_step(timer, kernels, job["m"], torch if have_torch else None)
+        log(f"decode step M={r['m']}: grokc {r['us']:.1f} us ({r['gbps']:.0f} GB/s), torch fp16 {r['torch_us']:.1f} us")
+        return {"decode_step": [r]}
+    raise ValueError(job["kind"])
+
+
+TVM_SHAPES = {
+    "tvm_gemv_q4_3072x2048": Shape("qkv", 1, 3072, 2048),
+    "tvm_gemv_q4_2048x2048": Shape("o", 1, 2048, 2048),
+    "tvm_gemv_q4_16384x2048": Shape("gate_up", 1, 16384, 2048),
+    "tvm_gemv_q4_2048x8192": Shape("down", 1, 2048, 8192),
+    "tvm_gemv_f16_128256x2048": Shape("lm_head", 1, 128256, 2048, wf="f16", out="f32"),
+    "tvm_matmul_f16_512x8192x2048": Shape("gemm_up_f16", 512, 8192, 2048, wf="f16"),
+    "tvm_matmul_q4_512x8192x2048": Shape("gemm_up_q4", 512, 8192, 2048),
+}
+
+
+def split(job: dict) -> list[dict]:
+    """Smaller jobs covering the same work (after a crash): per shape, then per kernel."""
+    if job["kind"] == "plan" and len(job["items"]) > 1:
+        return [{**job, "items": [it]} for it in job["items"]]
+    if job["kind"] == "plan" and len(job["items"][0][2]) > 1:
+        sec, shape, syms, with_torch = job["items"][0]
+        return [{**job, "items": [[sec, shape, [sym], with_torch and i == 0]]} for i, sym in enumerate(syms)]
+    if job["kind"] == "tvm" and len(job["names"]) > 1:
+        return [{**job, "names": [n]} for n in job["names"]]
+    return []
+
+
+def run_isolated(job: dict, folder: Path, failures: list) -> dict:
+    """Run ``job`` in a child process; on a crash, split it and run the pieces, recording what failed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        jf, of = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        jf.write_text(json.dumps(job))
+        try:
+            proc = subprocess.run([sys.executable, __file__, "--child", str(jf), str(folder), str(of)],
+                                  capture_output=True, text=True, timeout=240)
+            sys.stdout.write(proc.stdout)
+            if proc.returncode == 0 and of.exists():
+                return json.loads(of.read_text())
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-6:]
+        except subprocess.TimeoutExpired:
+            tail = ["timed out after 240 s"]
+    what = job["kind"] + (":" + ",".join(f"{it[1]['name']}/M{it[1]['m']}/{'|'.join(it[2])}" for it in job["items"])
+                          if job["kind"] == "plan" else "")
+    log(f"job failed ({what}): {' / '.join(tail)}")
+    parts = split(job)
+    if not parts:
+        failures.append({"job": what, "log": tail})
+        return {}
+    merged: dict = {"records": [], "decode_step": []}
+    for part in parts:
+        r = run_isolated(part, folder, failures)
+        merged["records"] += r.get("records", [])
+    return merged
+
+
+def main() -> None:
+    if len(sys.argv) == 5 and sys.argv[1] == "--child":
+        job = json.loads(Path(sys.argv[2]).read_text())
+        result = run_job(job, Path(sys.argv[3]))
+        Path(sys.argv[4]).write_text(json.dumps(result, default=float))
+        return
+    out_dir = Path(os.environ.get("OUT", "bench-out"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jobs = os.cpu_count() or 8
+    plan = make_plan()
+    symbols = sorted({sym for _, _, syms in plan for sym in syms} | set(decode_symbols()))
+    tvm_spec = json.loads((ROOT / "bench" / "tvm_linear_kernels.json").read_text())
+    log(f"building {len(symbols)} grokc kernels and {len(tvm_spec['kernels'])} TVM kernels on {jobs} cores")
+    t_build = time.perf_counter()
+    with ThreadPoolExecutor(2) as pool:
+        f_ours = pool.submit(build_all, symbols, max(1, jobs - 2))
+        f_tvm = pool.submit(build_tvm, tvm_spec["kernels"], 2)
+        cubins, tvm_cubins = f_ours.result(), f_tvm.result()
+    build_s = time.perf_counter() - t_build
+    log(f"built in {build_s:.1f} s")
+
+    with tempfile.TemporaryDirectory(prefix="grokc-bench-") as tmp:
+        folder = Path(tmp)
+        index, files = {}, {}
+        for sym, cubin in cubins.items():
+            files.setdefault(id(cubin), (f"grokc_{len(files)}.cubin", cubin))
+            index[sym] = files[id(cubin)][0]
+        for name, cubin in tvm_cubins.items():
+            files[name] = (f"{name}.cubin", cubin)
+            index[name] = f"{name}.cubin"
+        for fname, cubin in files.values():
+            (folder / fname).write_bytes(cubin)
+        (folder / "index.json").write_text(json.dumps(index))
+
+        failures: list = []
+        meta = run_isolated({"kind": "copy"}, folder, failures) or {"copy_bandwidth": 4.3e12, "device": "?"}
+        meta["build_s"] = build_s
+        log(f"{meta.get('device')}: copy bandwidth {meta['copy_bandwidth'] / 1e12:.2f} TB/s")
+        rules = {s.name + str(s.m): syms[0] for _, s, syms in plan}
+        records, chain = [], []
+        for section in ("gemv", "gemv_m", "smol", "gemm"):
+            items = [[sec, dataclasses.asdict(s), syms, True] for sec, s, syms in plan if sec == section]
+            records += run_isolated({"kind": "plan", "items": items, "rules": rules}, folder, failures).get("records", [])
+        records += run_isolated({"kind": "tvm", "names": list(TVM_SHAPES),
+                                 "shapes": {k: dataclasses.asdict(v) for k, v in TVM_SHAPES.items()}},
+                                folder, failures).get("records", [])
+        for m in (1, 16):
+            chain += run_isolated({"kind": "decode", "m": m}, folder, failures).get("decode_step", [])
+
+    report = {"meta": meta, "records": records, "decode_step": chain, "failures": failures}
+    (out_dir / "linear_bench.json").write_text(json.dumps(report, indent=1, default=float) + "\n")
+    print_table(report)
+
+
+def make_plan() -> list[tuple[str, Shape, list[str]]]:
+    """(section, shape, kernel symbols): the rule's choice first, then the sweep's other tilings."""
+    def rule(s: Shape) -> str:
+        return select(KernelCall("linear", s.attrs, s.dims), TARGET).kernel
+
+    plan = []
+    for s in LLAMA_DECODE:
+        plan.append(("gemv", s, [rule(s)] + [v.symbol for v in gemv_variants(s, GEMV_TILINGS) if v.symbol != rule(s)]))
+    for s in (dataclass_replace(s, m=m) for s in LLAMA_DECODE[:4] for m in (4, 16)):
+        sweep = gemv_variants(s, GEMV_M16_TILINGS) if s.m == 16 else []
+        plan.append(("gemv_m", s, [rule(s)] + [v.symbol for v in sweep if v.symbol != rule(s)]))
+    for s in SMOL_DECODE:
+        plan.append(("smol", s, [rule(s)]))
+    for s in GEMM_SHAPES:
+        plan.append(("gemm", s, [rule(s)] + [v.symbol for v in gemm_variants(s) if v.symbol != rule(s)]))
+    return plan
+
+
+def dataclass_replace(s: Shape, **kw) -> Shape:
+    return dataclasses.replace(s, **kw)
+
+
+def _parse(sym: str):
+    from grokc.targets.rules_linear import parse
+
+    v = parse(sym)
+    if v is None:
+        raise ValueError(sym)
+    return v
+
+
+def decode_symbols() -> list[str]:
+    return [select(KernelCall("linear", s.attrs, s.dims), TARGET).kernel
+            for m in (1, 16) for s in (dataclass_replace(s, m=m) for s in LLAMA_DECODE)]
+
+
+def decode_step(timer: Timer, kernels: Kernels, m: int, torch) -> dict:
+    """16 layers x (qkv+norm, o+residual, gate_up+norm+silu, down+residual) + LM head, one graph."""
+    layers = 16
+    shapes = [dataclass_replace(s, m=m) for s in LLAMA_DECODE]
+    sel = {s.name: select(KernelCall("linear", s.attrs, s.dims), TARGET) for s in shapes}
+    rng = np.random.default_rng(1)
+    bufs: list[cd.DeviceBuffer] = []
+
+    def up(a: np.ndarray) -> int:
+        b = cd.DeviceBuffer(max(a.nbytes, 256))
+        b.upload(np.ascontiguousarray(a))
+        bufs.append(b)
+        return b.ptr
+
+    h = up(rng.standard_normal((m, 2048)).astype(F16))
+    attn = up(rng.standard_normal((m, 2048)).astype(F16))
+    qkv = up(np.zeros((m, 3072), F16))
+    mlp = up(np.zeros((m, 8192), F16))
+    logits = up(np.zeros((m, 128256), F32))
+    launches, weight_bytes = [], 0
+    for layer in range(layers + 1):
+        for s in shapes if layer < layers else shapes[4:]:
+            if layer < layers and s.name == "lm_head":
+                continue
+            a = host_case(s, seed=0)
+            w, sc = up(a["weight"]), (up(a["scales"]) if a["scales"] is not None else None)
+            nrm = up(a["norm"]) if s.norm else None
+            weight_bytes += s.weight_bytes
+            x_ptr, out_ptr, res_ptr = {"qkv": (h, qkv, None), "o": (attn, h, h), "gate_up": (h, mlp, None),
+                                       "down": (mlp, h, h), "lm_head": (h, logits, None)}[s.name]
+            vals = {"out": out_ptr, "x": x_ptr, "weight": w, "scales": sc, "zeros": None, "norm": nrm,
+                    "residual": res_ptr, **s.dims}
+            c = sel[s.name]
+            launches.append(cd.KernelLaunch(kernels.function(c.kernel), c.grid, c.block, c.smem,
+                                            cd.pack_args(LINEAR, [vals[p.name] for p in LINEAR])))
+    us, spread = timer.graph(launches, reps=5)
+    us *= len(launches)
+    for b in bufs:
+        b.close()
+
+    result = {"m": m, "launches": len(launches), "us": us, "spread": spread, "weight_bytes": weight_bytes,
+              "gbps": weight_bytes / us / 1e3, "torch_us": float("nan"), "torch_gbps": float("nan"),
+              "kernels": {k: c.kernel for k, c in sel.items()}}
+    if torch is None:
+        return result
+    # torch: the same matmuls with fp16 weights (no norm, residual or silu kernels: a lower bound)
+    ws = [[torch.randn(s.nw, s.k, device="cuda", dtype=torch.float16) * 0.02 for s in shapes[:4]] for _ in range(layers)]
+    head = torch.randn(128256, 2048, device="cuda", dtype=torch.float16) * 0.02
+    xs = {s.name: torch.randn(m, s.k, device="cuda", dtype=torch.float16) for s in shapes}
+
+    def step():
+        for lw in ws:
+            for s, w in zip(shapes[:4], lw):
+                torch.nn.functional.linear(xs[s.name], w)
+        torch.nn.functional.linear(xs["lm_head"], head)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    g.replay()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        e0.record()
+        for _ in range(5):
+            g.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) * 1e3 / 5)
+    torch_us = statistics.median(times)
+    torch_bytes = sum(s.nw * s.k * 2 for s in shapes[:4]) * layers + 128256 * 2048 * 2
+    del g, ws, head
+    torch.cuda.empty_cache()
+    return {**result, "torch_us": torch_us, "torch_gbps": torch_bytes / torch_us / 1e3}
+
+
+def print_table(report: dict) -> None:
+    bw = report["meta"]["copy_bandwidth"] / 1e9
+    recs = report["records"]
+    bad = [r for r in recs if not r["ok"]]
+    nan = float("nan")
+    print("\n==== linear kernels on", report["meta"].get("device"), f"(copy bandwidth {bw:.0f} GB/s) ====")
+    print("GEMV rows: GB/s of weight bytes and % of the copy bandwidth; GEMM rows: TFLOP/s and % of 790")
+    print(f"{'shape':18s} {'M':>4s} | {'rule kernel (linear_...)':36s} {'us':>7s} {'rate':>6s} {'%':>4s} | "
+          f"{'best tiling':36s} {'us':>7s} {'%':>4s} | {'torch':>7s} {'TVM':>7s} | {'x torch':>7s} {'x TVM':>6s} | err")
+    seen = []
+    for r in recs:
+        key = (r["section"], r["shape"], r["m"])
+        if r["section"] == "tvm" or key in seen:
+            continue
+        seen.append(key)
+        group = [x for x in recs if (x["section"], x["shape"], x["m"]) == key]
+        ours = [x for x in group if x["kernel"] != "torch_f16_linear"]
+        if not ours:
+            continue
+        rule = next((x for x in ours if x["rule_choice"]), None) or {"kernel": "linear_(failed)", "us": nan,
+                                                                      "gbps": nan, "tflops": nan}
+        best = min(ours, key=lambda x: x["us"])
+        t_us = next((x["us"] for x in group if x["kernel"] == "torch_f16_linear"), nan)
+        v_us = next((x["us"] for x in recs if x["section"] == "tvm" and x["shape"] == r["shape"] and x["m"] == r["m"]), nan)
+        gemm = r["section"] == "gemm"
+        rate = (lambda x: x["tflops"]) if gemm else (lambda x: x["gbps"])
+        pct = (lambda x: 100 * x["tflops"] / PEAK_TFLOPS) if gemm else (lambda x: 100 * x["gbps"] / bw)
+        worst = max((x["err"] for x in ours), default=0.0)
+        print(f"{r['shape']:18s} {r['m']:4d} | {rule['kernel'][7:43]:36s} {rule['us']:7.2f} {rate(rule):6.0f} {pct(rule):3.0f}% | "
+              f"{best['kernel'][7:43]:36s} {best['us']:7.2f} {pct(best):3.0f}% | {t_us:7.2f} {v_us:7.2f} | "
+              f"{t_us / rule['us']:7.2f} {v_us / rule['us']:6.2f} | {worst:.0e}")
+    for c in report["decode_step"]:
+        print(f"decode step (1B linears: 16 layers + LM head) M={c['m']}: grokc {c['us']:.1f} us "
+              f"({c['gbps']:.0f} GB/s, {100 * c['gbps'] / bw:.0f}% of copy bw, {c['launches']} launches) | torch fp16 "
+              f"{c['torch_us']:.1f} us ({c['torch_gbps']:.0f} GB/s) | {c['torch_us'] / c['us']:.2f}x faster")
+    print(f"correctness: {len(recs) - len(bad)} of {len(recs)} timed outputs within tolerance"
+          + ("" if not bad else "; OUT OF TOLERANCE: " + ", ".join(
+              f"{b['kernel']}@{b['shape']}/M{b['m']} ({b['err']:.1e})" for b in bad[:12])))
+    for f in report.get("failures", []):
+        print(f"CRASHED: {f['job']}: {' / '.join(f['log'])[-400:]}")
+    print(f"total {time.perf_counter() - T0:.0f} s; JSON: $OUT/linear_bench.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""The ``linear`` kernels against the numpy oracle (``runner/cpu.py``), on the GPU.
+
+Every case draws fresh random inputs (seeded by the case, so a failure replays), poisons ``out``
+with NaN and checks that every element was written and that
+
+    ||got - want|| / ||want|| <= 2e-3   for f16 weights and per-channel symmetric int4,
+                              <= 5e-3   for int4 with zeros or groups,
+
+where ``want`` is ``OPS["linear"]`` in fp32. Where the error comes from: x (times ``norm``) is
+rounded to f16 once (2**-11 relative), the f16 output is rounded once, int4 codes minus 8 are
+exact in f16 and accumulate in fp32 on the tensor cores; zeros and group scales are folded into
+the f16 weights (one more 2**-11 rounding per weight). Also ``max |got - want| <= 20 * tol *
+rms(want)``, so a few badly wrong elements cannot hide in the norm.
+
+Covered: every family (gemv M <= 16, gemm, the fp32 fallback), f16 / int4 per-channel / with
+zeros / groups of 32 and 128, none / silu_mul, f16 / f32 out, with and without norm and residual,
+``out`` aliasing ``residual``, odd shapes (K = 576, N not a multiple of any tile, M = 1, 3, 8, 16,
+17, 100, 130, multi-slab staging at M = 16, K = 8192), and each GEMV / GEMM tiling the bench
+sweeps.
+"""
+
+from __future__ import annotations
+
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import kernel_harness
+from kernel_harness import run_kernel
+
+from grokc.artifacts import int4
+from grokc.artifacts.kernel_abi import KERNEL_ABI
+from grokc.runner import cuda_driver as cd
+from grokc.runner.cpu import OPS
+from grokc.targets import KernelCall, build_cubin, get_target, rules_linear, select
+
+F16, F32 = np.float16, np.float32
+
+# weight formats: (weight_format attr, group_size, zeros?)
+FORMATS = {"f16": ("f16", 0, False), "q4": ("q4", 0, False), "q4z": ("q4", 0, True),
+           "q4g128z": ("q4", 128, True), "q4g32": ("q4", 32, False)}
+TOL = {"f16": 2e-3, "q4": 2e-3, "q4z": 5e-3, "q4g128z": 5e-3, "q4g32": 5e-3}
+
+# (M, N, K): gemv, multi-slab gemv, gemm with partial tiles, and the fallback (K % 32 != 0)
+SHAPES = [(1, 3072, 2048), (1, 960, 576), (3, 100, 576), (8, 1000, 1536), (16, 200, 2048),
+          (16, 72, 8192), (17, 200, 576), (100, 1000, 2048), (130, 300, 1536), (2, 40, 40)]
+
+# Tilings the bench sweeps, checked on odd shapes (not what the rules would pick there).
+GEMV_TILINGS = [(8, 1, 2, 0), (8, 1, 4, 0), (8, 1, 1, 0), (4, 2, 4, 0), (4, 1, 3, 0), (2, 4, 8, 0),
+                (1, 8, 4, 0), (2, 2, 2, 2), (8, 2, 4, 0), (4, 4, 2, 0), (8, 1, 8, 3)]
+GEMM_TILINGS = [(128, 128, 2, 4, 3, 0), (64, 128, 2, 4, 3, 0), (64, 64, 2, 2, 3, 0), (128, 128, 2, 4, 4, 1),
+                (128, 64, 4, 2, 3, 0), (64, 128, 2, 4, 2, 2)]
+
+
+def seeded(*key) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def make_case(rng, m: int, n: int, k: int, fmt: str, act: str, out: str, norm: bool, residual: bool) -> tuple:
+    """(args, attrs) for one launch: kernel_abi parameter name -> numpy array / scalar / None."""
+    wf, gs, zeros = FORMATS[fmt]
+    nw = 2 * n if act == "silu_mul" else n
+    args = {"x": rng.standard_normal((m, k)).astype(F16), "scales": None, "zeros": None, "norm": None,
+            "residual": None, "M": m, "N": n, "K": k, "group_size": gs, "eps": 1e-5}
+    if wf == "f16":
+        args["weight"] = (rng.standard_normal((nw, k)) / np.sqrt(k)).astype(F16)
+    else:
+        g = -(-k // (gs or k))
+        args["weight"] = int4.pack(rng.integers(0, 16, (nw, k), dtype=np.uint8))
+        args["scales"] = (rng.uniform(0.5, 1.5, (nw, g)) / (4 * np.sqrt(k))).astype(F16)
+        if zeros:
+            args["zeros"] = rng.uniform(5.0, 11.0, (nw, g)).astype(F16)
+    if norm:
+        args["norm"] = rng.uniform(0.5, 1.5, k).astype(F16)
+    if residual:
+        args["residual"] = rng.standard_normal((m, n)).astype(F16)
+    args["out"] = np.full((m, n), np.nan, F16 if out == "f16" else F32)
+    return args, {"weight_format": wf, "act": act, "out_dtype": out}
+
+
+def oracle(args: dict, attrs: dict) -> np.ndarray:
+    ref = {key: (v.copy() if isinstance(v, np.ndarray) else v) for key, v in args.items()}
+    OPS["linear"](ref, attrs)
+    return ref["out"].astype(np.float64)
+
+
+def check(got: np.ndarray, want: np.ndarray, tol: float, what: str) -> None:
+    got = got.astype(np.float64)
+    assert not np.isnan(got).any(), f"{what}: {np.isnan(got).sum()} of {got.size} outputs unwritten or NaN"
+    err = np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
+    worst = np.abs(got - want).max()
+    rms = np.sqrt(np.mean(want**2))
+    assert err <= tol, f"{what}: relative error {err:.2e} > {tol:.0e}"
+    assert worst <= 20 * tol * rms, f"{what}: max error {worst:.3e} > {20 * tol:.0e} * rms {rms:.3e}"
+
+
+def choose(args: dict, attrs: dict, sm: int):
+    dims = {p.name: args[p.name] for p in KERNEL_ABI["linear"] if p.kind.value != "ptr"}
+    return select(KernelCall("linear", attrs, dims), get_target(f"sm{sm}"))
+
+
+# -- the cases ---------------------------------------------------------------------------------
+
+def _cases() -> list[tuple]:
+    """Each shape x format x act, with out dtype, norm and residual rotating so all combine."""
+    cases = []
+    for i, ((m, n, k), fmt, act) in enumerate(
+            (s, f, a) for s in SHAPES for f in FORMATS for a in ("none", "silu_mul")):
+        if fmt != "f16" and k % 8:
+            continue
+        out = ("f16", "f32")[i % 2]
+        norm = (i // 2) % 2 == 0
+        residual = (i // 4) % 2 == 0
+        cases.append((m, n, k, fmt, act, out, norm, residual))
+    return cases
+
+
+CASES = _cases()
+
+
+def _gemv_variant_cases() -> list[tuple]:
+    cases = []
+    for ks, rg, u, b in GEMV_TILINGS:
+        for fmt, act, out, m, mt in (("q4", "silu_mul", "f16", 3, 8), ("f16", "none", "f32", 1, 8),
+                                     ("q4g128z", "none", "f16", 12, 16)):
+            wf, gs, _ = FORMATS[fmt]
+            kwf = "f16" if wf == "f16" else ("q4g" if gs else "q4")
+            v = rules_linear.Gemv(kwf, "silu" if act == "silu_mul" else "none", out, mt, ks, rg, u, b)
+            cases.append((v, m, 200, 1536, fmt, act, out))
+    return cases
+
+
+def _gemm_variant_cases() -> list[tuple]:
+    cases = []
+    for bm, bn, wm, wn, st, b in GEMM_TILINGS:
+        for fmt, act, out in (("q4", "silu_mul", "f16"), ("f16", "none", "f32"), ("q4g32", "none", "f16")):
+            wf, gs, _ = FORMATS[fmt]
+            kwf = "f16" if wf == "f16" else ("q4g" if gs else "q4")
+            v = rules_linear.Gemm(kwf, "silu" if act == "silu_mul" else "none", out, bm, bn, wm, wn, st, b)
+            if v.valid():
+                cases.append((v, 100, 300, 576, fmt, act, out))
+    return cases
+
+
+GEMV_CASES = _gemv_variant_cases()
+GEMM_CASES = _gemm_variant_cases()
+
+
+@pytest.fixture(scope="module")
+def sm(cuda_context) -> int:
+    major, minor = cuda_context.compute_capability
+    return 10 * major + minor
+
+
+@pytest.fixture(scope="module")
+def cubins(sm) -> dict[str, bytes]:
+    """Every symbol these tests launch, compiled in parallel chunks: symbol -> cubin."""
+    target = get_target(f"sm{sm}")
+    symbols = {choose(*make_case(seeded(c), *c), sm).kernel for c in CASES}
+    symbols |= {c[0].symbol for c in GEMV_CASES + GEMM_CASES}
+    symbols.add(choose(*make_case(seeded(0), 3, 64, 2048, "q4", "none", "f16", True, True), sm).kernel)
+    ordered = sorted(symbols)
+    chunks = [ordered[i::8] for i in range(8) if ordered[i::8]]
+    with ThreadPoolExecutor(len(chunks)) as pool:
+        built = list(pool.map(lambda c: build_cubin(c, target), chunks))
+    return {s: cubin for chunk, cubin in zip(chunks, built) for s in chunk}
+
+
+def _run(cubins, kernel, grid, block, smem, args) -> np.ndarray:
+    return run_kernel(cubins[kernel], kernel, grid, block, smem, "linear", args)["out"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_selected_kernel(case, cubins, sm):
+    m, n, k, fmt, act, out, norm, residual = case
+    args, attrs = make_case(seeded(case), *case)
+    choice = choose(args, attrs, sm)
+    want = oracle(args, attrs)
+    got = _run(cubins, choice.kernel, choice.grid, choice.block, choice.smem, args)
+    check(got, want, TOL[fmt], f"{choice.kernel} on {case}")
+
+
+@pytest.mark.parametrize("case", GEMV_CASES, ids=lambda c: f"{c[0].symbol}-M{c[1]}")
+def test_gemv_tilings(case, cubins, sm):
+    v, m, n, k, fmt, act, out = case
+    args, attrs = make_case(seeded(v.symbol, m), m, n, k, fmt, act, out, True, True)
+    if v.smem(m, k) > get_target(f"sm{sm}").smem_per_block:
+        pytest.skip("does not fit this GPU's shared memory")
+    got = _run(cubins, v.symbol, (v.blocks(n), 1, 1), (v.threads, 1, 1), v.smem(m, k), args)
+    check(got, oracle(args, attrs), TOL[fmt], v.symbol)
+
+
+@pytest.mark.parametrize("case", GEMM_CASES, ids=lambda c: c[0].symbol)
+def test_gemm_tilings(case, cubins, sm):
+    v, m, n, k, fmt, act, out = case
+    args, attrs = make_case(seeded(v.symbol, m), m, n, k, fmt, act, out, True, True)
+    if v.smem() > get_target(f"sm{sm}").smem_per_block:
+        pytest.skip("does not fit this GPU's shared memory")
+    got = _run(cubins, v.symbol, v.grid(m, n), (v.threads, 1, 1), v.smem(), args)
+    check(got, oracle(args, attrs), TOL[fmt], v.symbol)
+
+
+@pytest.mark.parametrize("m", [3, 100])
+def test_out_aliases_residual(m, cubins, sm):
+    """out and residual are one buffer: each element is read, then overwritten."""
+    case = (m, 64, 2048, "q4", "none", "f16", True, True)
+    args, attrs = make_case(seeded("alias", m), *case)
+    choice = choose(args, attrs, sm)
+    want = oracle(args, attrs)
+    kernel_harness.context()
+    buffers, values = [], []
+    try:
+        shared = None
+        for p in KERNEL_ABI["linear"]:
+            v = args[p.name]
+            if p.name == "out":
+                v = args["residual"]
+            if isinstance(v, np.ndarray):
+                if p.name in ("out", "residual") and shared is not None:
+                    values.append(shared.ptr)
+                    continue
+                buf = cd.DeviceBuffer(max(v.nbytes, 256))
+                buf.upload(np.ascontiguousarray(v))
+                buffers.append(buf)
+                if p.name in ("out", "residual"):
+                    shared = buf
+                values.append(buf.ptr)
+            else:
+                values.append(v)
+        module = cd.Module(cubins[choice.kernel])
+        stream = cd.Stream()
+        try:
+            cd.launch(module.function(choice.kernel), choice.grid, choice.block, choice.smem,
+                      cd.pack_args(KERNEL_ABI["linear"], values), stream)
+            stream.synchronize()
+            got = shared.download(0, args["residual"].nbytes).view(F16).reshape(m, 64)
+        finally:
+            stream.close()
+            module.close()
+    finally:
+        for buf in buffers:
+            buf.close()
+    check(got, want, TOL["q4"], f"{choice.kernel} with out == residual")
