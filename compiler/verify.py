@@ -6,8 +6,8 @@ mismatch is an ``ArtifactError`` naming the file.
 Numerics (``--model``): the source file must be the one the artifact was built from (same
 SHA-256); then one window of the pydoc text is scored by the artifact's CPU plan and by the
 unquantized torch reference, and the check fails when top-1 agreement falls under the recipe's
-floor: 0.9 for fp16 weights (only rounding differs), 0.6 for int4 (quantization changes some
-argmaxes on a 135M model; a broken kernel or plan agrees on almost nothing).
+floor: 0.9 for fp16 weights (only rounding differs), 0.35 for int4 (round-to-nearest per-channel int4 changes about half the
+argmaxes of a 135M model; a broken kernel or plan agrees on almost nothing, about 0.01).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from grokc.artifacts.store import open_artifact
 from .frontends import load_model
 from .quality import check_source, metrics, pydoc_text, reference_logits, reference_model, windows
 
-MIN_TOP1 = {"f16": 0.9, "q4": 0.6}
+MIN_TOP1 = {"f16": 0.9, "q4": 0.35}
 CHECK_TOKENS = 64
 
 
