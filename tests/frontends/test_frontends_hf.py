@@ -104,3 +104,15 @@ def test_rope_scaling_v4_and_v5_spellings(tiny_hf):
     a, b = load_model(v4).config.rope, load_model(v5).config.rope
     assert a == b
     assert (a.type, a.theta, a.factor, a.original_max_position_embeddings) == (RopeType.LLAMA3, 500000.0, 8.0, 8192)
+
+
+def test_artifact_weights_identical_from_gguf_and_hf_folder(saved_reference, smollm2_gguf, tmp_path):
+    """The same weights through either frontend give byte-identical weights in the artifact."""
+    from grokc.compiler.build import BuildOptions, build
+
+    opts = BuildOptions(archs=("sm90",), buckets=(128,), max_seq=512)
+    build(smollm2_gguf, tmp_path / "from_gguf", opts)
+    build(saved_reference, tmp_path / "from_hf", opts)
+    a = (tmp_path / "from_gguf" / "weights.safetensors").read_bytes()
+    b = (tmp_path / "from_hf" / "weights.safetensors").read_bytes()
+    assert len(a) > 50_000_000 and a == b

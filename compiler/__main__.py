@@ -1,0 +1,5 @@
+"""``python -m grokc.compiler`` = the ``grokc`` command (for checkouts that are not installed)."""
+
+from .cli import main
+
+main()
