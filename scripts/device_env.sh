@@ -1,0 +1,10 @@
+# Source on a GPU node that has python3 with torch, numpy, cuda-bindings, tokenizers, typer but
+# no grokc install: makes `import grokc` resolve to this checkout and installs carried wheels.
+#   . scripts/device_env.sh            (from the repository root)
+export PYTHONUNBUFFERED=1
+mkdir -p /tmp/gk && ln -sfn "$PWD" /tmp/gk/grokc
+if compgen -G ".carry/whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/whl/*.whl
+fi
+export PYTHONPATH=/tmp/gk:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+grokc() { python3 -m grokc.compiler "$@"; }
