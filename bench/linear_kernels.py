@@ -38,7 +38,7 @@ import tempfile
 import time
 import types
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -335,7 +335,7 @@ def torch_linear_us(torch, s: Shape) -> float:
         e1.record()
         e1.synchronize()
         times.append(e0.elapsed_time(e1) * 1e3 / (10 * L))
-    del g, ws
+    g = ws = None
     torch.cuda.empty_cache()
     return statistics.median(times)
 
@@ -391,15 +391,6 @@ def build_tvm(entries: list[dict], jobs: int) -> dict[str, bytes]:
 
 # -- jobs: each runs in its own process, so a kernel fault cannot take the whole run down ---------------
 
-@dataclass
-class Results:
-    records: list = field(default_factory=list)
-
-    def add(self, **r) -> dict:
-        self.records.append(r)
-        return r
-
-
 class Kernels:
     """Cubins built by the parent, loaded on demand in a child: symbol -> cd.Function."""
 
@@ -415,8 +406,23 @@ class Kernels:
         return self.modules[file].function(kernel or symbol)
 
 
-def run_job(job: dict, folder: Path) -> dict:
-    """One job in this process: {"kind": "copy" | "plan" | "tvm" | "decode", ...} -> its results."""
+class Emitter:
+    """What a child reports, one JSON line at a time, flushed, so the parent keeps it across a crash."""
+
+    def __init__(self, path: Path):
+        self.f = path.open("w")
+
+    def __call__(self, **item) -> None:
+        self.f.write(json.dumps(item, default=float) + "\n")
+        self.f.flush()
+
+
+def run_job(job: dict, folder: Path, emit: Emitter) -> None:
+    """One job in this process: {"kind": "copy" | "plan" | "tvm" | "decode", ...}.
+
+    Emits ``start`` (the kernel or step about to run), ``record`` (a timed result) and ``result``
+    (a job-level result) lines.
+    """
     import torch
 
     ctx = cd.Context(0)
@@ -430,33 +436,36 @@ def run_job(job: dict, folder: Path) -> dict:
     stream = cd.Stream()
     timer = Timer(stream)
     kernels = Kernels(folder)
-    res = Results()
     if job["kind"] == "copy":
-        return {"copy_bandwidth": copy_bandwidth(torch), "device": ctx.name,
-                "sms": ctx.attribute("MULTIPROCESSOR_COUNT"), "torch": torch.__version__,
-                "driver_kernel_time_note": "per launch, graph replays, weights rotating past L2"}
+        emit(result={"copy_bandwidth": copy_bandwidth(torch), "device": ctx.name,
+                     "sms": ctx.attribute("MULTIPROCESSOR_COUNT"), "torch": torch.__version__})
+        return
     if job["kind"] == "plan":
-        for section, shape, syms, with_torch in job["items"]:
+        for item_no, (section, shape, syms, with_torch) in enumerate(job["items"]):
             s = Shape(**shape)
+            emit(start=[item_no, "setup"])
             dc = DeviceCase(s)
             for sym in syms:
+                emit(start=[item_no, sym])
                 r = time_kernel(timer, kernels.function(sym), _parse(sym), dc)
-                res.add(section=section, shape=s.name, m=s.m, n=s.n, k=s.k, kernel=sym, rule_choice=sym == job["rules"][s.name + str(s.m)],
-                        bytes=s.weight_bytes, gbps=s.weight_bytes / r["us"] / 1e3,
-                        tflops=2 * s.m * s.nw * s.k / r["us"] / 1e6, **r)
+                emit(record=dict(section=section, shape=s.name, m=s.m, n=s.n, k=s.k, kernel=sym,
+                                 rule_choice=sym == job["rules"][s.name + str(s.m)], bytes=s.weight_bytes,
+                                 gbps=s.weight_bytes / r["us"] / 1e3, tflops=2 * s.m * s.nw * s.k / r["us"] / 1e6, **r))
                 log(f"{section:6s} {s.name:18s} M={s.m:<4d} {sym:48s} {r['us']:8.2f} us "
                     f"{s.weight_bytes / r['us'] / 1e3:6.0f} GB/s err {r['err']:.1e}")
             dc.close()
             if with_torch and have_torch:
+                emit(start=[item_no, "torch"])
                 us = torch_linear_us(torch, s)
-                res.add(section=section, shape=s.name, m=s.m, n=s.n, k=s.k, kernel="torch_f16_linear", rule_choice=False,
-                        bytes=s.nw * s.k * 2, us=us, gbps=s.nw * s.k * 2 / us / 1e3,
-                        tflops=2 * s.m * s.nw * s.k / us / 1e6, ok=True, err=0.0, spread=0.0)
+                emit(record=dict(section=section, shape=s.name, m=s.m, n=s.n, k=s.k, kernel="torch_f16_linear",
+                                 rule_choice=False, bytes=s.nw * s.k * 2, us=us, gbps=s.nw * s.k * 2 / us / 1e3,
+                                 tflops=2 * s.m * s.nw * s.k / us / 1e6, ok=True, err=0.0, spread=0.0))
                 log(f"{section:6s} {s.name:18s} M={s.m:<4d} torch fp16 {us:.2f} us")
-        return {"records": res.records}
+        return
     if job["kind"] == "tvm":
         spec = {e["name"]: e for e in json.loads((ROOT / "bench" / "tvm_linear_kernels.json").read_text())["kernels"]}
-        for name in job["names"]:
+        for item_no, name in enumerate(job["names"]):
+            emit(start=[item_no, name])
             e, s = spec[name], Shape(**job["shapes"][name])
             dc = DeviceCase(s)
             params = [Param(p, ArgKind.PTR) for p in e["launches"][0]["args"]]
@@ -476,16 +485,18 @@ def run_job(job: dict, folder: Path) -> dict:
             us, spread = timer.graph(launches)
             us *= len(e["launches"])  # per workload, not per kernel
             err = rel_err(dc.read_out(), dc.want)
-            res.add(section="tvm", shape=s.name, m=s.m, n=s.n, k=s.k, kernel=name, rule_choice=False,
-                    bytes=s.weight_bytes, us=us, spread=spread, err=err, ok=bool(err <= tol(s)),
-                    gbps=s.weight_bytes / us / 1e3, tflops=2 * s.m * s.nw * s.k / us / 1e6)
+            emit(record=dict(section="tvm", shape=s.name, m=s.m, n=s.n, k=s.k, kernel=name, rule_choice=False,
+                             bytes=s.weight_bytes, us=us, spread=spread, err=err, ok=bool(err <= tol(s)),
+                             gbps=s.weight_bytes / us / 1e3, tflops=2 * s.m * s.nw * s.k / us / 1e6))
             log(f"tvm    {name:30s} {us:.2f} us err {err:.1e}")
             dc.close()
-        return {"records": res.records}
+        return
     if job["kind"] == "decode":
+        emit(start=[0, f"decode M={job['m']}"])
         r = decode_step(timer, kernels, job["m"], torch if have_torch else None)
         log(f"decode step M={r['m']}: grokc {r['us']:.1f} us ({r['gbps']:.0f} GB/s), torch fp16 {r['torch_us']:.1f} us")
-        return {"decode_step": [r]}
+        emit(result={"decode_step": [r]})
+        return
     raise ValueError(job["kind"])
 
 
@@ -500,51 +511,67 @@ TVM_SHAPES = {
 }
 
 
-def split(job: dict) -> list[dict]:
-    """Smaller jobs covering the same work (after a crash): per shape, then per kernel."""
-    if job["kind"] == "plan" and len(job["items"]) > 1:
-        return [{**job, "items": [it]} for it in job["items"]]
-    if job["kind"] == "plan" and len(job["items"][0][2]) > 1:
-        sec, shape, syms, with_torch = job["items"][0]
-        return [{**job, "items": [[sec, shape, [sym], with_torch and i == 0]]} for i, sym in enumerate(syms)]
-    if job["kind"] == "tvm" and len(job["names"]) > 1:
-        return [{**job, "names": [n]} for n in job["names"]]
-    return []
+def remainder(job: dict, item_no: int, at: str) -> dict | None:
+    """The part of a crashed job after the step ``at`` of item ``item_no``, or None when nothing is left."""
+    if job["kind"] == "plan":
+        items = [list(it) for it in job["items"][item_no:]]
+        sec, shape, syms, with_torch = items[0]
+        if at == "setup":  # the shape itself failed: skip it
+            items = items[1:]
+        elif at == "torch":
+            items = items[1:]
+        else:
+            items[0] = [sec, shape, syms[syms.index(at) + 1:], with_torch]
+        return {**job, "items": items} if items else None
+    if job["kind"] == "tvm":
+        names = job["names"][item_no + 1:]
+        return {**job, "names": names} if names else None
+    return None
+
+
+DEADLINE_S = float(os.environ.get("GROKC_BENCH_DEADLINE_S", 240))  # inside one device call, tests included
 
 
 def run_isolated(job: dict, folder: Path, failures: list) -> dict:
-    """Run ``job`` in a child process; on a crash, split it and run the pieces, recording what failed."""
-    with tempfile.TemporaryDirectory() as tmp:
-        jf, of = Path(tmp) / "job.json", Path(tmp) / "out.json"
-        jf.write_text(json.dumps(job))
-        try:
-            proc = subprocess.run([sys.executable, __file__, "--child", str(jf), str(folder), str(of)],
-                                  capture_output=True, text=True, timeout=240)
-            sys.stdout.write(proc.stdout)
-            if proc.returncode == 0 and of.exists():
-                return json.loads(of.read_text())
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-6:]
-        except subprocess.TimeoutExpired:
-            tail = ["timed out after 240 s"]
-    what = job["kind"] + (":" + ",".join(f"{it[1]['name']}/M{it[1]['m']}/{'|'.join(it[2])}" for it in job["items"])
-                          if job["kind"] == "plan" else "")
-    log(f"job failed ({what}): {' / '.join(tail)}")
-    parts = split(job)
-    if not parts:
-        failures.append({"job": what, "log": tail})
-        return {}
-    merged: dict = {"records": [], "decode_step": []}
-    for part in parts:
-        r = run_isolated(part, folder, failures)
-        merged["records"] += r.get("records", [])
-    return merged
+    """Run ``job`` in a child process; after a crash keep what it reported, note the step at fault
+    and run the rest of the job in a fresh process."""
+    out: dict = {"records": []}
+    while job is not None:
+        if time.perf_counter() - T0 > DEADLINE_S:
+            failures.append({"job": job["kind"], "at": "-", "log": ["skipped: out of time"]})
+            return out
+        with tempfile.TemporaryDirectory() as tmp:
+            jf, of = Path(tmp) / "job.json", Path(tmp) / "out.jsonl"
+            jf.write_text(json.dumps(job))
+            try:
+                proc = subprocess.run([sys.executable, __file__, "--child", str(jf), str(folder), str(of)],
+                                      capture_output=True, text=True, timeout=150)
+                sys.stdout.write(proc.stdout)
+                ok = proc.returncode == 0
+                tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-6:]
+            except subprocess.TimeoutExpired:
+                ok, tail = False, ["timed out after 150 s (a hang?)"]
+            lines = [json.loads(ln) for ln in of.read_text().splitlines() if ln.strip()] if of.exists() else []
+        at = None
+        for ln in lines:
+            if "record" in ln:
+                out["records"].append(ln["record"])
+            elif "result" in ln:
+                out.update(ln["result"])
+            elif "start" in ln:
+                at = ln["start"]
+        if ok:
+            return out
+        where = f"{job['kind']} at {at[1] if at else 'start-up'}"
+        log(f"job failed ({where}): {' / '.join(tail)}")
+        failures.append({"job": job["kind"], "at": at[1] if at else "start-up", "log": tail})
+        job = remainder(job, *at) if at else None
+    return out
 
 
 def main() -> None:
     if len(sys.argv) == 5 and sys.argv[1] == "--child":
-        job = json.loads(Path(sys.argv[2]).read_text())
-        result = run_job(job, Path(sys.argv[3]))
-        Path(sys.argv[4]).write_text(json.dumps(result, default=float))
+        run_job(json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3]), Emitter(Path(sys.argv[4])))
         return
     out_dir = Path(os.environ.get("OUT", "bench-out"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -575,19 +602,29 @@ def main() -> None:
         (folder / "index.json").write_text(json.dumps(index))
 
         failures: list = []
-        meta = run_isolated({"kind": "copy"}, folder, failures) or {"copy_bandwidth": 4.3e12, "device": "?"}
+        meta = run_isolated({"kind": "copy"}, folder, failures)
+        meta.pop("records", None)
+        meta.setdefault("copy_bandwidth", 4.3e12)
         meta["build_s"] = build_s
         log(f"{meta.get('device')}: copy bandwidth {meta['copy_bandwidth'] / 1e12:.2f} TB/s")
         rules = {s.name + str(s.m): syms[0] for _, s, syms in plan}
         records, chain = [], []
-        for section in ("gemv", "gemv_m", "smol", "gemm"):
-            items = [[sec, dataclasses.asdict(s), syms, True] for sec, s, syms in plan if sec == section]
-            records += run_isolated({"kind": "plan", "items": items, "rules": rules}, folder, failures).get("records", [])
-        records += run_isolated({"kind": "tvm", "names": list(TVM_SHAPES),
-                                 "shapes": {k: dataclasses.asdict(v) for k, v in TVM_SHAPES.items()}},
-                                folder, failures).get("records", [])
-        for m in (1, 16):
-            chain += run_isolated({"kind": "decode", "m": m}, folder, failures).get("decode_step", [])
+
+        def section(name: str) -> None:
+            items = [[sec, dataclasses.asdict(s), syms, True] for sec, s, syms in plan if sec == name]
+            records.extend(run_isolated({"kind": "plan", "items": items, "rules": rules}, folder, failures)["records"])
+
+        # most important first: the time budget cuts from the end
+        section("gemv")
+        records.extend(run_isolated({"kind": "tvm", "names": list(TVM_SHAPES),
+                                     "shapes": {k: dataclasses.asdict(v) for k, v in TVM_SHAPES.items()}},
+                                    folder, failures)["records"])
+        chain += run_isolated({"kind": "decode", "m": 1}, folder, failures).get("decode_step", [])
+        section("gemm")
+        section("gemv_m")
+        chain += run_isolated({"kind": "decode", "m": 16}, folder, failures).get("decode_step", [])
+        section("smol")
+
 
     report = {"meta": meta, "records": records, "decode_step": chain, "failures": failures}
     (out_dir / "linear_bench.json").write_text(json.dumps(report, indent=1, default=float) + "\n")
@@ -603,8 +640,10 @@ def make_plan() -> list[tuple[str, Shape, list[str]]]:
     for s in LLAMA_DECODE:
         plan.append(("gemv", s, [rule(s)] + [v.symbol for v in gemv_variants(s, GEMV_TILINGS) if v.symbol != rule(s)]))
     for s in (dataclass_replace(s, m=m) for s in LLAMA_DECODE[:4] for m in (4, 16)):
-        sweep = gemv_variants(s, GEMV_M16_TILINGS) if s.m == 16 else []
-        plan.append(("gemv_m", s, [rule(s)] + [v.symbol for v in sweep if v.symbol != rule(s)]))
+        # at M = 16, also the GEMM's small tiles: which family should own 9 <= M <= 16?
+        sweep = [v.symbol for v in gemv_variants(s, GEMV_M16_TILINGS)] + [
+            v.symbol for v in gemm_variants(s) if v.bm == 64] if s.m == 16 else []
+        plan.append(("gemv_m", s, [rule(s)] + [sym for sym in sweep if sym != rule(s)]))
     for s in SMOL_DECODE:
         plan.append(("smol", s, [rule(s)]))
     for s in GEMM_SHAPES:
@@ -707,7 +746,7 @@ def decode_step(timer: Timer, kernels: Kernels, m: int, torch) -> dict:
         times.append(e0.elapsed_time(e1) * 1e3 / 5)
     torch_us = statistics.median(times)
     torch_bytes = sum(s.nw * s.k * 2 for s in shapes[:4]) * layers + 128256 * 2048 * 2
-    del g, ws, head
+    g = ws = head = None  # free the torch weights before the next job
     torch.cuda.empty_cache()
     return {**result, "torch_us": torch_us, "torch_gbps": torch_bytes / torch_us / 1e3}
 
@@ -751,7 +790,7 @@ def print_table(report: dict) -> None:
           + ("" if not bad else "; OUT OF TOLERANCE: " + ", ".join(
               f"{b['kernel']}@{b['shape']}/M{b['m']} ({b['err']:.1e})" for b in bad[:12])))
     for f in report.get("failures", []):
-        print(f"CRASHED: {f['job']}: {' / '.join(f['log'])[-400:]}")
+        print(f"CRASHED: {f['job']} at {f['at']}: {' / '.join(f['log'])[-400:]}")
     print(f"total {time.perf_counter() - T0:.0f} s; JSON: $OUT/linear_bench.json")
 
 
