@@ -5,7 +5,8 @@ One ``Plan`` per architecture (``<arch>/plan.json`` in an artifact). It holds
 - the memory plan: one arena; every buffer (per-step inputs, KV cache, intermediates) at a fixed
   byte offset. Buffers of kind ``io`` and ``state`` are persistent; ``scratch`` buffers of
   different graphs may overlap because graphs never run at the same time;
-- one ``GraphPlan`` per graph (``prefill_<L>`` for each bucket, ``decode``): the ordered kernel
+- one ``GraphPlan`` per graph (``prefill_<L>`` per bucket, ``decode_<b>`` per decode batch size,
+  ``init`` for synthetic weights): the ordered kernel
   launches, each with kernel symbol, grid, block, dynamic shared memory and its arguments in
   ``kernel_abi.KERNEL_ABI`` order.
 
@@ -95,6 +96,8 @@ class Launch:
     attrs: dict[str, str] = field(default_factory=dict)  # the op's variant (KERNEL_VARIANTS)
     node: str = ""     # the IR node it came from, for inspect and debugging
     rule: str = ""     # the kernel rule that chose it
+    pdl: bool = False  # the kernel waits with griddepcontrol: it may start while the launch before
+                       # it finishes (a programmatic edge in the CUDA graph; sm_90+)
 
     def arg(self, param: str) -> Arg:
         for a in self.args:
@@ -105,7 +108,7 @@ class Launch:
 
 @dataclass(frozen=True)
 class GraphPlan:
-    name: str          # "prefill_128", "decode"
+    name: str          # "prefill_128", "decode_4", "init"
     tokens: int        # tokens per replay: the bucket length, or B for decode
     launches: tuple[Launch, ...]
     logits: str        # buffer holding the last logits after a replay (f32 [M, vocab])
@@ -156,7 +159,7 @@ class Plan:
                         {
                             "op": l.op, "kernel": l.kernel, "grid": list(l.grid), "block": list(l.block),
                             "smem": l.smem, "args": [a.to_json() for a in l.args], "attrs": l.attrs,
-                            "node": l.node, "rule": l.rule,
+                            "node": l.node, "rule": l.rule, "pdl": l.pdl,
                         }
                         for l in g.launches
                     ],
@@ -180,7 +183,7 @@ class Plan:
                     Launch(
                         op=l["op"], kernel=l["kernel"], grid=tuple(l["grid"]), block=tuple(l["block"]),
                         smem=l["smem"], args=tuple(Arg(**a) for a in l["args"]), attrs=dict(l["attrs"]),
-                        node=l["node"], rule=l["rule"],
+                        node=l["node"], rule=l["rule"], pdl=l["pdl"],
                     )
                     for l in g["launches"]
                 ),

@@ -27,7 +27,7 @@ Progress = Callable[[str], None]
 def decode_bytes(plan: Plan, weights: dict[str, int], cfg: ModelConfig, batch: int, context: int) -> int:
     """Bytes one decode step must read: its weights once (one embedding row per slot) + the KV cache."""
     total = 0
-    for launch in plan.graphs["decode"].launches:
+    for launch in plan.graphs[f"decode_{batch}"].launches:
         for arg in launch.args:
             if arg.weight is None:
                 continue
@@ -77,7 +77,7 @@ def bench_artifact(path: Path, steps: int = 100, context: int = 128, baselines: 
     for b in sorted({1, batch}):
         progress(f"grokc decode at batch {b}")
         slots = [engine.add(prompt, SamplingParams(max_new_tokens=steps + 16)) for _ in range(b)]
-        ms = _time(lambda: ex.replay("decode"), ex.synchronize, steps)
+        ms = _time(lambda: engine.decode(1), ex.synchronize, steps)
         still_active = int(engine.active()[slots].sum())
         for s in slots:
             engine.release(s)

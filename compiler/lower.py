@@ -54,7 +54,8 @@ def _launch(module: Module, g: Graph, mem: MemoryPlan, n: Node, target: Target) 
         else:
             args.append(Arg(p.name, buffer=mem.placement(g.name, src).buffer))
     choice = select(KernelCall(op, attrs, dims), target)
-    return Launch(op, choice.kernel, choice.grid, choice.block, choice.smem, tuple(args), attrs, n.name, choice.rule)
+    return Launch(op, choice.kernel, choice.grid, choice.block, choice.smem, tuple(args), attrs, n.name, choice.rule,
+                  choice.pdl)
 
 
 # Each lowering returns (abi op, variant attrs, pointer params -> tensor/param names, scalar params).

@@ -54,5 +54,5 @@ def init_graph(tensors: Mapping[str, SyntheticTensor], target: Target) -> GraphP
         args = tuple(Arg(p.name, weight=name) if p.kind is ArgKind.PTR else Arg(p.name, value=dims[p.name])
                      for p in KERNEL_ABI["fill_synthetic"])
         launches.append(Launch("fill_synthetic", choice.kernel, choice.grid, choice.block, choice.smem, args, {},
-                               f"init:{name}", choice.rule))
+                               f"init:{name}", choice.rule, choice.pdl))
     return GraphPlan("init", 0, tuple(launches), "")

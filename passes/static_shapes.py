@@ -5,8 +5,12 @@ What: the symbolic ``forward`` graph (``T`` tokens of one sequence) is instantia
   ``0..L-1`` and written into slot ``io.slot`` of the KV cache; only the last real token's row
   goes through the LM head (a TAKE_LAST node in front of it), and a SAMPLE node picks the first
   generated token and arms the slot for decoding;
-- ``decode``: one token for each of ``batch`` slots at ``io.positions``, attending over the
-  slot's cached tokens, then SAMPLE, which feeds the token and next position back on the device.
+- ``decode_<b>`` for each decode batch ``b`` (powers of two below ``batch``, and ``batch``): one
+  token for each of slots ``0..b-1`` at ``io.positions``, attending over the slot's cached
+  tokens, then SAMPLE, which feeds the token and next position back on the device. The runner
+  replays the smallest graph that covers its highest busy slot, so one request decodes with
+  ``M = 1`` kernels even when the build serves 8 (as vLLM and TensorRT-LLM capture a CUDA graph
+  per batch size).
 Per-step inputs (``artifacts.plan.IO``) and the KV cache (``kv.<i>.k``/``kv.<i>.v``, f16
 ``[kv_blocks, n_kv_heads, 16, head_dim]``) become module state shared by all graphs.
 
@@ -46,6 +50,12 @@ class StaticShapes:
         return -(-self.max_seq // KV_BLOCK_SIZE)
 
     @property
+    def decode_batches(self) -> tuple[int, ...]:
+        """Batch sizes that get a decode graph: 1, 2, 4, ... below ``batch``, and ``batch``."""
+        sizes = [1 << i for i in range(self.batch.bit_length()) if (1 << i) < self.batch]
+        return tuple(sizes + [self.batch])
+
+    @property
     def pool_blocks(self) -> int:
         return self.kv_blocks or self.batch * self.max_blocks_per_seq
 
@@ -66,6 +76,7 @@ class StaticShapes:
 
     def to_json(self) -> dict:
         return {"batch": self.batch, "buckets": list(self.buckets), "max_seq": self.max_seq,
+                "decode_batches": list(self.decode_batches),
                 "kv_block_size": KV_BLOCK_SIZE, "kv_blocks": self.pool_blocks,
                 "max_blocks_per_seq": self.max_blocks_per_seq}
 
@@ -75,7 +86,8 @@ def run(module: Module, shapes: StaticShapes) -> Module:
     shapes.validate(c.max_position_embeddings)
     fwd = module.graphs["forward"]
     graphs = {f"prefill_{L}": _instantiate(fwd, f"prefill_{L}", L, AttnMode.PREFILL) for L in shapes.buckets}
-    graphs["decode"] = _instantiate(fwd, "decode", shapes.batch, AttnMode.DECODE)
+    for b in shapes.decode_batches:
+        graphs[f"decode_{b}"] = _instantiate(fwd, f"decode_{b}", b, AttnMode.DECODE)
     eos = np.array(c.eos_token_ids or (-1,), dtype=np.int32)
     return rebuild_module(module, graphs, {EOS_IDS: frozen_array(eos)}, state=_state(module, shapes),
                           meta={**module.meta, "shapes": shapes.to_json()})

@@ -415,6 +415,7 @@ class KernelLaunch:
     block: tuple[int, int, int]
     smem: int
     args: PackedArgs
+    pdl: bool = False  # may start before the launch ahead of it ends (it waits with griddepcontrol)
 
 
 def launch(function: Function, grid: Sequence[int], block: Sequence[int], smem: int,
@@ -428,21 +429,35 @@ def launch(function: Function, grid: Sequence[int], block: Sequence[int], smem: 
 
 
 class Graph:
-    """A CUDA graph built explicitly from ``launches``, in order, and instantiated once.
+    """A CUDA graph of ``launches``, in order, instantiated once.
 
-    Node i depends on node i-1 (a chain), so a replay runs the launches one after another, each
-    seeing the previous one's writes, exactly as on a stream. ``launches`` (and so their packed
-    arguments) are kept alive with the graph.
+    Launch i runs after launch i-1 and sees its writes, exactly as on a stream. A launch marked
+    ``pdl`` is joined to the one before it by a programmatic edge instead (Hopper's programmatic
+    dependent launch): it may be scheduled while its predecessor finishes and waits for it itself
+    with ``griddepcontrol.wait``, which hides the launch gap. Graphs without such launches are
+    built node by node (``cuGraphAddKernelNode``); graphs with them by capturing ``cuLaunchKernelEx``
+    with the programmatic-serialization attribute on a stream, which the driver turns into
+    programmatic edges. ``launches`` (and so their packed arguments) live as long as the graph.
     """
 
-    def __init__(self, launches: Sequence[KernelLaunch]):
+    def __init__(self, launches: Sequence[KernelLaunch], stream: Stream | None = None):
         d = driver()
         self.launches = list(launches)
-        self.handle = check(d.cuGraphCreate(0), "cuGraphCreate")
+        self.handle = None
         self.exec = None
-        previous: list[Any] = []
         for k in self.launches:
             k.function.require_smem(k.smem)
+        if any(k.pdl for k in self.launches[1:]):
+            self._capture(stream or Stream())
+        else:
+            self._add_nodes()
+        self.exec = check(d.cuGraphInstantiate(self.handle, 0), "cuGraphInstantiate")
+
+    def _add_nodes(self) -> None:
+        d = driver()
+        self.handle = check(d.cuGraphCreate(0), "cuGraphCreate")
+        previous: list[Any] = []
+        for k in self.launches:
             node_params = d.CUDA_KERNEL_NODE_PARAMS()
             node_params.func = k.function.handle  # kern and ctx stay NULL: use func, current context
             node_params.gridDimX, node_params.gridDimY, node_params.gridDimZ = (int(x) for x in k.grid)
@@ -453,7 +468,31 @@ class Graph:
             node = check(d.cuGraphAddKernelNode(self.handle, previous, len(previous), node_params),
                          f"cuGraphAddKernelNode({k.function.name})")
             previous = [node]
-        self.exec = check(d.cuGraphInstantiate(self.handle, 0), "cuGraphInstantiate")
+
+    def _capture(self, stream: Stream) -> None:
+        d = driver()
+        check(d.cuStreamBeginCapture(stream.handle, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+              "cuStreamBeginCapture")
+        try:
+            for i, k in enumerate(self.launches):
+                config = d.CUlaunchConfig()
+                config.gridDimX, config.gridDimY, config.gridDimZ = (int(x) for x in k.grid)
+                config.blockDimX, config.blockDimY, config.blockDimZ = (int(x) for x in k.block)
+                config.sharedMemBytes = int(k.smem)
+                config.hStream = stream.handle
+                if k.pdl and i > 0:
+                    value = d.CUlaunchAttributeValue()
+                    value.programmaticStreamSerializationAllowed = 1
+                    attr = d.CUlaunchAttribute()
+                    attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+                    attr.value = value
+                    config.attrs, config.numAttrs = [attr], 1
+                else:
+                    config.numAttrs = 0
+                check(d.cuLaunchKernelEx(config, k.function.handle, k.args.address, 0),
+                      f"cuLaunchKernelEx({k.function.name})")
+        finally:
+            self.handle = check(d.cuStreamEndCapture(stream.handle), "cuStreamEndCapture")
 
     def launch(self, stream: Stream) -> None:
         """Queue one replay on ``stream``."""

@@ -35,10 +35,12 @@ class Shapes:
     buckets: tuple[int, ...]
     max_seq: int
     kv_blocks: int
+    decode_batches: tuple[int, ...]
 
     @classmethod
     def from_manifest(cls, shapes: dict) -> "Shapes":
-        return cls(shapes["batch"], tuple(shapes["buckets"]), shapes["max_seq"], shapes["kv_blocks"])
+        return cls(shapes["batch"], tuple(shapes["buckets"]), shapes["max_seq"], shapes["kv_blocks"],
+                   tuple(shapes["decode_batches"]))
 
 
 class Engine:
@@ -108,10 +110,16 @@ class Engine:
         self.free_slots = sorted(self.free_slots + [slot])
 
     # -- decoding ----------------------------------------------------------------------------
+    def decode_graph(self) -> str:
+        """The smallest decode graph that covers every busy slot (slots fill from 0 up)."""
+        top = max(self.blocks_of, default=0) + 1
+        return f"decode_{min(b for b in self.shapes.decode_batches if b >= top)}"
+
     def decode(self, steps: int) -> None:
         """Queue ``steps`` decode replays (slots that finished are skipped on the device)."""
+        graph = self.decode_graph()
         for _ in range(steps):
-            self.ex.replay("decode")
+            self.ex.replay(graph)
 
     def active(self) -> np.ndarray:
         return self.ex.read(IO.ACTIVE.value).astype(bool)
@@ -127,7 +135,6 @@ class Engine:
         decode step, so each row is the plan's prediction given the true prefix.
         """
         out: list[np.ndarray] = []
-        decode_logits = self.plan.graphs["decode"].logits
         for start in range(0, len(sequences), self.shapes.batch):
             wave = sequences[start:start + self.shapes.batch]
             rows: dict[int, list[np.ndarray]] = {}
@@ -141,7 +148,7 @@ class Engine:
                     if t < len(seq):
                         self.ex.write(IO.TOKENS.value, np.int32(seq[t]), (slot,))
                 self.decode(1)
-                logits = self.ex.read(decode_logits)
+                logits = self.ex.read(self.plan.graphs[self.decode_graph()].logits)
                 for slot, seq in zip(slots, wave):
                     if t < len(seq):
                         rows[slot].append(logits[slot])

@@ -111,7 +111,8 @@ class GpuExecutor:
             self._weight_ptr[name] = self.weights.ptr + offset
         self.module = self._own(cd.Module(cubin))
         self._checked_kernels: set[str] = set()
-        self.graphs = {name: self._own(cd.Graph([self._resolve(g, launch) for launch in g.launches]))
+        self.ctx.synchronize()  # uploads are done before graphs are captured on the stream
+        self.graphs = {name: self._own(cd.Graph([self._resolve(g, launch) for launch in g.launches], self.stream))
                        for name, g in self.plan.graphs.items()}
         self.ctx.synchronize()  # the memset and uploads are done before the first replay
 
@@ -142,7 +143,7 @@ class GpuExecutor:
         if launch.smem > cd.DEFAULT_DYNAMIC_SMEM and launch.smem > self.ctx.max_dynamic_smem:
             raise TargetError(f"{where} asks for {launch.smem} bytes of shared memory but {self.ctx.name} "
                               f"allows {self.ctx.max_dynamic_smem}; rebuild for this GPU's arch")
-        return cd.KernelLaunch(function, tuple(launch.grid), tuple(launch.block), launch.smem, packed)
+        return cd.KernelLaunch(function, tuple(launch.grid), tuple(launch.block), launch.smem, packed, launch.pdl)
 
     def _function(self, launch: Launch) -> cd.Function:
         """The launch's kernel, checked once against the ABI: same parameter count and sizes."""

@@ -28,6 +28,11 @@ class Target:
     def nvcc_arch(self) -> str:
         return f"sm_{self.sm}"
 
+    @property
+    def has_pdl(self) -> bool:
+        """Programmatic dependent launch (``griddepcontrol``) exists from sm_90 on."""
+        return self.sm >= 90
+
 
 @dataclass(frozen=True)
 class KernelCall:
@@ -45,6 +50,8 @@ class KernelChoice:
     block: tuple[int, int, int]
     smem: int                         # dynamic shared memory, bytes
     rule: str                         # the rule that chose it
+    pdl: bool = False                 # the kernel starts with griddepcontrol (kernels/pdl.cuh): the
+                                      # launch before it may overlap its start (programmatic edge)
 
 
 KernelRule = Callable[[KernelCall, Target], Optional[KernelChoice]]

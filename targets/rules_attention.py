@@ -29,7 +29,8 @@ from grokc.artifacts.kernel_abi import KERNEL_ABI, KV_BLOCK_SIZE, ArgKind
 
 from .base import KernelCall, KernelChoice, KernelRule, Target
 
-HEADERS: tuple[str, ...] = ("attention_common.cuh", "attention_prefill.cuh", "attention_decode.cuh")
+PDL_ENTRY = True  # every kernel below starts with grokc_pdl_entry() (kernels/pdl.cuh)
+HEADERS: tuple[str, ...] = ("pdl.cuh", "attention_common.cuh", "attention_prefill.cuh", "attention_decode.cuh")
 
 _PTR_TYPES = {
     "out": "half*", "qkv": "const half*", "rope_table": "const float*", "inv_freq": "const float*",
@@ -154,7 +155,7 @@ def _entry(symbol: str, op: str, body: str, threads: int, cluster: int = 1, min_
     attrs = f"__cluster_dims__({cluster}, 1, 1) " if cluster > 1 else ""
     bounds = f"{threads}, {min_blocks}" if min_blocks else f"{threads}"
     return (f'extern "C" __global__ void {attrs}__launch_bounds__({bounds}) {symbol}({decl}) {{\n'
-            f"  {body}({args});\n}}\n")
+            f"  grokc_pdl_entry();\n  {body}({args});\n}}\n")
 
 
 def kernel_source(symbol: str) -> str | None:

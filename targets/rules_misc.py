@@ -15,7 +15,8 @@ from grokc.artifacts.kernel_abi import KERNEL_ABI, ArgKind
 
 from .base import KernelCall, KernelChoice, KernelRule, Target
 
-HEADERS: tuple[str, ...] = ("sample.cuh", "misc.cuh")
+PDL_ENTRY = True  # every kernel below starts with grokc_pdl_entry() (kernels/pdl.cuh)
+HEADERS: tuple[str, ...] = ("pdl.cuh", "sample.cuh", "misc.cuh")
 
 _PTR_TYPES = {
     "embedding": {"out": "half*", "tokens": "const int*", "table": "const half*"},
@@ -97,4 +98,4 @@ def kernel_source(symbol: str) -> str | None:
     op, body, threads = _SOURCES[symbol]
     decl, args = _c_params(op)
     return (f'extern "C" __global__ void __launch_bounds__({threads}) {symbol}({decl}) {{\n'
-            f"  {body}({args});\n}}\n")
+            f"  grokc_pdl_entry();\n  {body}({args});\n}}\n")

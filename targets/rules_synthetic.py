@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from .base import KernelCall, KernelChoice, KernelRule, Target
 
-HEADERS: tuple[str, ...] = ("synthetic.cuh",)
+PDL_ENTRY = True  # every kernel below starts with grokc_pdl_entry() (kernels/pdl.cuh)
+HEADERS: tuple[str, ...] = ("pdl.cuh", "synthetic.cuh",)
 SYMBOL = "fill_synthetic_gs256"
 
 
@@ -23,4 +24,4 @@ def kernel_source(symbol: str) -> str | None:
     if symbol != SYMBOL:
         return None
     return (f'extern "C" __global__ void __launch_bounds__(256) {SYMBOL}(void* out, int n, int fill, int seed, '
-            "float scale) {\n  grokc_synthetic::fill(out, n, fill, seed, scale);\n}\n")
+            "float scale) {\n  grokc_pdl_entry();\n  grokc_synthetic::fill(out, n, fill, seed, scale);\n}\n")

@@ -68,7 +68,7 @@ def test_inspect_shows_the_manifest(built):
     info = json.loads(r.stdout)
     assert info["archs"] == ["sm80", "sm90"] and info["quant"]["name"] == "int4"
     assert info["model"]["num_layers"] == 30 and info["shapes"]["buckets"] == [128, 512]
-    assert set(info["plans"]["sm90"]["graphs"]) == {"prefill_128", "prefill_512", "decode"}
+    assert set(info["plans"]["sm90"]["graphs"]) == {"prefill_128", "prefill_512", "decode_1", "decode_2", "decode_4"}
     text = grokc("inspect", built[0]).stdout
     assert "decode" in text and "int4" in text
 

@@ -1,7 +1,7 @@
 """The last rung of the ladder on the GPU: SmolLM2-135M through CUDA graphs vs the CPU executor.
 
 Both executors run the same plan; the GPU kernels round differently (half2 math in the int4
-GEMV, f16 tensor-core operands in prefill), so logits must agree to 2e-2 of their RMS and the
+GEMV, f16 tensor-core operands in prefill), so logits must agree to 3e-2 of their RMS (max over every position and vocabulary entry) and the
 greedy tokens must be identical.
 """
 
@@ -11,7 +11,7 @@ import pytest
 from grokc.artifacts.errors import TargetError
 from grokc.runner import Runner, SamplingParams
 
-TOL = 2e-2
+TOL = 3e-2
 PROMPT = "The capital of France is"
 
 

@@ -1,0 +1,70 @@
+"""Per-launch time of one graph of an artifact on the GPU: where a decode step's time goes.
+
+    python3 bench/profile_plan.py ARTIFACT [--graph decode] [--reps 50]
+
+Each launch of the graph is put alone in a CUDA graph (x ``reps`` copies in a chain) and timed
+with events after the whole graph has run once (so caches and state are realistic); the launches
+are summed by op and by kernel, next to the time of the whole graph replay. Prints JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+
+from grokc.runner import Runner, SamplingParams
+from grokc.runner import cuda_driver as cd
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("artifact")
+    ap.add_argument("--graph", default="", help="default: the decode graph of the batch")
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=0, help="busy slots (default: the build's batch)")
+    a = ap.parse_args()
+    r = Runner(a.artifact, device="cuda")
+    ex, plan = r.executor, r.plan
+    budget = r.engine.shapes.max_seq - a.context - 1
+    slots = [r.engine.add(list(range(100, 100 + a.context)), SamplingParams(max_new_tokens=budget))
+             for _ in range(a.batch or r.engine.shapes.batch)]
+    a.graph = a.graph or r.engine.decode_graph()
+    ex.replay(a.graph)
+    ex.synchronize()
+    g = plan.graphs[a.graph]
+    start, end = cd.Event(), cd.Event()
+
+    def time_graph(graph: cd.Graph, reps: int) -> float:
+        graph.launch(ex.stream)
+        start.record(ex.stream)
+        for _ in range(reps):
+            graph.launch(ex.stream)
+        end.record(ex.stream)
+        end.synchronize()
+        return start.elapsed_ms(end) * 1e3 / reps
+
+    whole = cd.Graph([ex._resolve(g, launch) for launch in g.launches])
+    whole_us = time_graph(whole, a.reps)
+    per_op, per_kernel, rows = defaultdict(float), defaultdict(float), []
+    for launch in g.launches:
+        k = ex._resolve(g, launch)
+        single = cd.Graph([k] * a.reps)
+        us = time_graph(single, 3) / a.reps
+        single.close()
+        per_op[launch.op] += us
+        per_kernel[f"{launch.kernel} ({launch.node.split('.')[-1]})"] += us
+        rows.append((launch.node, launch.kernel, round(us, 2)))
+    print(json.dumps({
+        "artifact": a.artifact, "graph": a.graph, "launches": len(g.launches), "batch_active": len(slots),
+        "graph_replay_us": round(whole_us, 1), "sum_of_launches_us": round(sum(per_op.values()), 1),
+        "by_op_us": {k: round(v, 1) for k, v in sorted(per_op.items(), key=lambda x: -x[1])},
+        "by_kernel_us": {k: round(v, 1) for k, v in sorted(per_kernel.items(), key=lambda x: -x[1])},
+        "first_launches": rows[:8],
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
