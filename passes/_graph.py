@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from grokc.compiler.ir import Graph, Module, Node, TensorType
 
@@ -24,6 +24,15 @@ def rebuild_module(m: Module, graphs: Mapping[str, Graph], new_params: Mapping[s
     params = {**m.params, **new_params}
     referenced = {s for g in graphs.values() for n in g.nodes for s in n.inputs.values()}
     return m.with_(graphs=graphs, params={k: v for k, v in params.items() if k in referenced}, **changes)
+
+
+def rewrite_graphs(m: Module, rewrite: Callable[[Graph, Module], tuple[Graph, dict]]) -> Module:
+    """Apply ``rewrite(graph, module) -> (new graph, new parameters)`` to every graph of ``m``."""
+    graphs, params = {}, {}
+    for name, g in m.graphs.items():
+        graphs[name], new = rewrite(g, m)
+        params.update(new)
+    return rebuild_module(m, graphs, params)
 
 
 def single_use(g: Graph, tensor: str) -> bool:

@@ -17,15 +17,11 @@ import numpy as np
 
 from grokc.compiler.ir import Act, Graph, LinearAttrs, Module, Node, OpKind, frozen_array
 
-from ._graph import rebuild_graph, rebuild_module, single_use
+from ._graph import rebuild_graph, rewrite_graphs, single_use
 
 
 def run(module: Module) -> Module:
-    graphs, params = {}, {}
-    for name, g in module.graphs.items():
-        graphs[name], new = _fuse_graph(g, module)
-        params.update(new)
-    return rebuild_module(module, graphs, params)
+    return rewrite_graphs(module, _fuse_graph)
 
 
 def _fuse_graph(g: Graph, module: Module) -> tuple[Graph, dict[str, np.ndarray]]:
