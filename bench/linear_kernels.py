@@ -62,7 +62,7 @@ from grokc.runner import cuda_driver as cd  # noqa: E402
 from grokc.runner.cpu import OPS  # noqa: E402
 from grokc.targets import KernelCall, build_cubin, get_target, select  # noqa: E402
 from grokc.targets.nvcc import find_nvcc  # noqa: E402
-from grokc.targets.rules_linear import Gemm, Gemv  # noqa: E402
+from grokc.targets.rules_linear import Gemm, Gemv, Gemv2, rule_gemv  # noqa: E402
 
 F16, F32 = np.float16, np.float32
 L2_BYTES = 60 * 2**20
@@ -162,8 +162,33 @@ def gemm_variants(s: Shape) -> list[Gemm]:
     return [v for v in vs if v.valid() and v.smem() <= TARGET.smem_per_block]
 
 
+def gemv2_variants(s: Shape) -> list[Gemv2]:
+    """The gemv2 tilings swept for a shape: split-K for few row groups, whole rows for many."""
+    act = "silu" if s.act == "silu_mul" else "none"
+    step_k = 32 if s.wf == "f16" else 128
+    nsteps = -(-s.k // step_k)
+    groups = -(-s.n // 8) if act == "silu" else -(-s.nw // 16)
+    if groups >= 16 * TARGET.num_sms:  # LM-head-like: (R, KS, WN, D)
+        tilings = [(r, ks, wn, d) for r in (1, 2, 4) for ks in (1, 2) for wn in (2, 4, 8) for d in (2, 3, 4, 6)
+                   if r * d <= 8 and ks * wn <= 8 and not (r == 1 and d < 3)]
+    else:
+        tilings = ([(1, ks, 1, d) for ks in (1, 2, 4, 8, 16) for d in (1, 2, 4, 8)]
+                   + [(2, ks, 1, d) for ks in (2, 4, 8) for d in (1, 2, 4)]
+                   + [(1, ks, 2, d) for ks in (4, 8) for d in (1, 2)])
+    out, seen = [], set()
+    for r, ks, wn, d in tilings:
+        per = -(-nsteps // ks)
+        if ks > nsteps or (d > per and d // 2 >= per):  # a deeper ring than the warp has steps: a duplicate
+            continue
+        v = Gemv2(s.kernel_wf(), act, s.out, r, ks, wn, min(d, max(per, 1)), 0)
+        if v.symbol not in seen and v.smem(s.m, s.k) <= TARGET.smem_per_block:
+            seen.add(v.symbol)
+            out.append(v)
+    return out
+
+
 def launch_dims(v, s: Shape) -> tuple[tuple, tuple, int]:
-    if isinstance(v, Gemv):
+    if isinstance(v, (Gemv, Gemv2)):
         return (v.blocks(s.n), 1, 1), (v.threads, 1, 1), v.smem(s.m, s.k)
     return v.grid(s.m, s.n), (v.threads, 1, 1), v.smem()
 
@@ -293,11 +318,12 @@ def n_launches(copies: int) -> int:
     return copies * max(1, -(-16 // copies))
 
 
-def time_kernel(timer: Timer, fn: cd.Function, v, dc: DeviceCase) -> dict:
+def time_kernel(timer: Timer, fn: cd.Function, v, dc: DeviceCase, pdl: bool = False) -> dict:
+    """``pdl``: launches joined by programmatic edges (each may start while the one before ends)."""
     grid, block, smem = launch_dims(v, dc.s)
     L = n_launches(dc.copies)
-    launches = [cd.KernelLaunch(fn, grid, block, smem, cd.pack_args(LINEAR, dc.args((j + 1) % dc.copies)))
-                for j in range(L)]
+    launches = [cd.KernelLaunch(fn, grid, block, smem, cd.pack_args(LINEAR, dc.args((j + 1) % dc.copies)),
+                                pdl=pdl and j > 0) for j in range(L)]
     dc.poison()
     us, spread = timer.graph(launches)
     err = rel_err(dc.read_out(), dc.want)
@@ -441,17 +467,21 @@ def run_job(job: dict, folder: Path, emit: Emitter) -> None:
                      "sms": ctx.attribute("MULTIPROCESSOR_COUNT"), "torch": torch.__version__})
         return
     if job["kind"] == "plan":
-        for item_no, (section, shape, syms, with_torch) in enumerate(job["items"]):
+        for item_no, item in enumerate(job["items"]):
+            section, shape, syms, with_torch = item[:4]
+            pdl_syms = item[4] if len(item) > 4 else []
             s = Shape(**shape)
             emit(start=[item_no, "setup"])
             dc = DeviceCase(s)
-            for sym in syms:
-                emit(start=[item_no, sym])
-                r = time_kernel(timer, kernels.function(sym), _parse(sym), dc)
-                emit(record=dict(section=section, shape=s.name, m=s.m, n=s.n, k=s.k, kernel=sym,
-                                 rule_choice=sym == job["rules"][s.name + str(s.m)], bytes=s.weight_bytes,
+            for sym, pdl in [(x, False) for x in syms] + [(x, True) for x in pdl_syms]:
+                emit(start=[item_no, ("pdl:" if pdl else "") + sym])
+                r = time_kernel(timer, kernels.function(sym), _parse(sym), dc, pdl=pdl)
+                emit(record=dict(section=section, shape=s.name, m=s.m, n=s.n, k=s.k, kernel=sym, pdl=pdl,
+                                 rule_choice=sym == job["rules"][s.name + str(s.m)] and not pdl,
+                                 old_rule=sym == job.get("old_rules", {}).get(s.name + str(s.m)),
+                                 bytes=s.weight_bytes,
                                  gbps=s.weight_bytes / r["us"] / 1e3, tflops=2 * s.m * s.nw * s.k / r["us"] / 1e6, **r))
-                log(f"{section:6s} {s.name:18s} M={s.m:<4d} {sym:48s} {r['us']:8.2f} us "
+                log(f"{section:6s} {s.name:18s} M={s.m:<4d} {sym:48s}{' pdl' if pdl else '    '} {r['us']:8.2f} us "
                     f"{s.weight_bytes / r['us'] / 1e3:6.0f} GB/s err {r['err']:.1e}")
             dc.close()
             if with_torch and have_torch:
@@ -494,7 +524,8 @@ def run_job(job: dict, folder: Path, emit: Emitter) -> None:
     if job["kind"] == "decode":
         emit(start=[0, f"decode M={job['m']}"])
         r = decode_step(timer, kernels, job["m"], torch if have_torch else None)
-        log(f"decode step M={r['m']}: grokc {r['us']:.1f} us ({r['gbps']:.0f} GB/s), torch fp16 {r['torch_us']:.1f} us")
+        log(f"decode step M={r['m']}: grokc {r['us']:.1f} us ({r['gbps']:.0f} GB/s), with PDL {r['pdl_us']:.1f} us, "
+            f"torch fp16 {r['torch_us']:.1f} us")
         emit(result={"decode_step": [r]})
         return
     raise ValueError(job["kind"])
@@ -515,13 +546,14 @@ def remainder(job: dict, item_no: int, at: str) -> dict | None:
     """The part of a crashed job after the step ``at`` of item ``item_no``, or None when nothing is left."""
     if job["kind"] == "plan":
         items = [list(it) for it in job["items"][item_no:]]
-        sec, shape, syms, with_torch = items[0]
-        if at == "setup":  # the shape itself failed: skip it
+        sec, shape, syms, with_torch = items[0][:4]
+        pdl_syms = items[0][4] if len(items[0]) > 4 else []
+        if at in ("setup", "torch"):  # the shape itself failed, or its last step: skip it
             items = items[1:]
-        elif at == "torch":
-            items = items[1:]
+        elif at.startswith("pdl:"):
+            items[0] = [sec, shape, [], with_torch, pdl_syms[pdl_syms.index(at[4:]) + 1:]]
         else:
-            items[0] = [sec, shape, syms[syms.index(at) + 1:], with_torch]
+            items[0] = [sec, shape, syms[syms.index(at) + 1:], with_torch, pdl_syms]
         return {**job, "items": items} if items else None
     if job["kind"] == "tvm":
         names = job["names"][item_no + 1:]
@@ -569,17 +601,30 @@ def run_isolated(job: dict, folder: Path, failures: list) -> dict:
     return out
 
 
+SECTIONS = ("gemv2", "tvm", "decode1", "decode8", "gemv", "gemm", "gemv_m", "decode16", "smol")
+
+
 def main() -> None:
     if len(sys.argv) == 5 and sys.argv[1] == "--child":
         run_job(json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3]), Emitter(Path(sys.argv[4])))
         return
+    sections = list(SECTIONS)
+    if "--sections" in sys.argv:  # e.g. --sections gemv2,tvm,decode1,decode8
+        sections = sys.argv[sys.argv.index("--sections") + 1].split(",")
+        unknown = set(sections) - set(SECTIONS)
+        if unknown:
+            raise SystemExit(f"unknown sections {sorted(unknown)}; known: {', '.join(SECTIONS)}")
     out_dir = Path(os.environ.get("OUT", "bench-out"))
     out_dir.mkdir(parents=True, exist_ok=True)
     jobs = os.cpu_count() or 8
-    plan = make_plan()
-    symbols = sorted({sym for _, _, syms in plan for sym in syms} | set(decode_symbols()))
+    plan = [p for p in make_plan() if p[0] in sections or (p[0] == "gemv2_m" and "gemv2" in sections)]
+    decode_ms = [int(sec[6:]) for sec in sections if sec.startswith("decode")]
+    symbols = sorted({sym for _, _, syms, psyms in plan for sym in syms + psyms} | set(decode_symbols(decode_ms)))
     tvm_spec = json.loads((ROOT / "bench" / "tvm_linear_kernels.json").read_text())
-    log(f"building {len(symbols)} grokc kernels and {len(tvm_spec['kernels'])} TVM kernels on {jobs} cores")
+    if "tvm" not in sections:
+        tvm_spec["kernels"] = []
+    log(f"sections {','.join(sections)}: building {len(symbols)} grokc kernels and {len(tvm_spec['kernels'])} "
+        f"TVM kernels on {jobs} cores")
     t_build = time.perf_counter()
     with ThreadPoolExecutor(2) as pool:
         f_ours = pool.submit(build_all, symbols, max(1, jobs - 2))
@@ -607,47 +652,91 @@ def main() -> None:
         meta.setdefault("copy_bandwidth", 4.3e12)
         meta["build_s"] = build_s
         log(f"{meta.get('device')}: copy bandwidth {meta['copy_bandwidth'] / 1e12:.2f} TB/s")
-        rules = {s.name + str(s.m): syms[0] for _, s, syms in plan}
+        rules = {s.name + str(s.m): syms[0] for _, s, syms, _ in plan}
+        old_rules = {s.name + str(s.m): old_gemv_rule(s) for _, s, _, _ in plan}
         records, chain = [], []
 
         def section(name: str) -> None:
-            items = [[sec, dataclasses.asdict(s), syms, True] for sec, s, syms in plan if sec == name]
-            records.extend(run_isolated({"kind": "plan", "items": items, "rules": rules}, folder, failures)["records"])
+            items = [[sec, dataclasses.asdict(s), syms, True, psyms] for sec, s, syms, psyms in plan if sec == name]
+            if items:
+                records.extend(run_isolated({"kind": "plan", "items": items, "rules": rules, "old_rules": old_rules},
+                                            folder, failures)["records"])
 
-        # most important first: the time budget cuts from the end
-        section("gemv")
-        records.extend(run_isolated({"kind": "tvm", "names": list(TVM_SHAPES),
-                                     "shapes": {k: dataclasses.asdict(v) for k, v in TVM_SHAPES.items()}},
-                                    folder, failures)["records"])
-        chain += run_isolated({"kind": "decode", "m": 1}, folder, failures).get("decode_step", [])
-        section("gemm")
-        section("gemv_m")
-        chain += run_isolated({"kind": "decode", "m": 16}, folder, failures).get("decode_step", [])
-        section("smol")
-
+        # in the order given (most important first: the time budget cuts from the end)
+        for sec in sections:
+            if sec == "gemv2":
+                section("gemv2")
+                top = gemv2_followups(records, plan)
+                items = [["gemv2", dataclasses.asdict(s), top[(s.name, s.m)], s.m == 8, psyms]
+                         for sec_, s, syms, psyms in plan if sec_ == "gemv2_m"]
+                items.sort(key=lambda it: -it[1]["m"])  # M = 8 first
+                records.extend(run_isolated({"kind": "plan", "items": items, "rules": rules, "old_rules": old_rules},
+                                            folder, failures)["records"])
+            elif sec == "tvm":
+                records.extend(run_isolated({"kind": "tvm", "names": list(TVM_SHAPES),
+                                             "shapes": {k: dataclasses.asdict(v) for k, v in TVM_SHAPES.items()}},
+                                            folder, failures)["records"])
+            elif sec.startswith("decode"):
+                chain += run_isolated({"kind": "decode", "m": int(sec[6:])}, folder, failures).get("decode_step", [])
+            else:
+                section(sec)
 
     report = {"meta": meta, "records": records, "decode_step": chain, "failures": failures}
     (out_dir / "linear_bench.json").write_text(json.dumps(report, indent=1, default=float) + "\n")
     print_table(report)
 
 
-def make_plan() -> list[tuple[str, Shape, list[str]]]:
-    """(section, shape, kernel symbols): the rule's choice first, then the sweep's other tilings."""
+GEMV2_FOLLOW = {8: 8, 4: 2, 2: 2}  # fastest M = 1 tilings also timed at larger M
+
+
+def gemv2_followups(records: list, plan: list) -> dict:
+    """(shape, M) -> symbols for M = 2, 4, 8: the rule's, the gemv rule's, the fastest at M = 1."""
+    out = {}
+    for sec, s, syms, _ in plan:
+        if sec != "gemv2_m":
+            continue
+        m1 = sorted((r for r in records if r["section"] == "gemv2" and r["shape"] == s.name and r["m"] == 1
+                     and r["ok"] and not r.get("pdl") and r["kernel"].startswith("linear_gemv2_")), key=lambda r: r["us"])
+        fast = [r["kernel"] for r in m1[:GEMV2_FOLLOW.get(s.m, 3)]]
+        out[(s.name, s.m)] = list(dict.fromkeys(syms[:2] + [k for k in fast if k in syms]))
+    return out
+
+
+def old_gemv_rule(s: Shape) -> str | None:
+    """What the gemv family's own rule picks (the kernel the gemv2 rule now runs ahead of)."""
+    c = rule_gemv(KernelCall("linear", s.attrs, s.dims), TARGET)
+    return None if c is None else c.kernel
+
+
+def make_plan() -> list[tuple[str, Shape, list[str], list[str]]]:
+    """(section, shape, kernel symbols, symbols also timed with programmatic edges): the rule's
+    choice first, then the sweep's other tilings."""
     def rule(s: Shape) -> str:
         return select(KernelCall("linear", s.attrs, s.dims), TARGET).kernel
 
+    def pdl(s: Shape) -> list[str]:
+        c = select(KernelCall("linear", s.attrs, s.dims), TARGET)
+        return [c.kernel] if c.pdl else []
+
     plan = []
+    for s in (dataclass_replace(s, m=m) for m in (1, 8, 2, 4) for s in LLAMA_DECODE + SMOL_DECODE):
+        # gemv2 (M <= 8): the whole sweep at M = 1; at M = 2, 4, 8 the rule's choice, the gemv rule's
+        # and (added at run time by gemv2_followups) the fastest tilings of M = 1
+        old = old_gemv_rule(s)
+        sweep = [v.symbol for v in gemv2_variants(s)]
+        syms = [rule(s)] + [x for x in [old] + sweep if x and x != rule(s)]
+        plan.append(("gemv2" if s.m == 1 else "gemv2_m", s, list(dict.fromkeys(syms)), pdl(s)))
     for s in LLAMA_DECODE:
-        plan.append(("gemv", s, [rule(s)] + [v.symbol for v in gemv_variants(s, GEMV_TILINGS) if v.symbol != rule(s)]))
+        plan.append(("gemv", s, [rule(s)] + [v.symbol for v in gemv_variants(s, GEMV_TILINGS) if v.symbol != rule(s)], []))
     for s in (dataclass_replace(s, m=m) for s in LLAMA_DECODE[:4] for m in (4, 16)):
         # at M = 16, also the GEMM's small tiles: which family should own 9 <= M <= 16?
         sweep = [v.symbol for v in gemv_variants(s, GEMV_M16_TILINGS)] + [
             v.symbol for v in gemm_variants(s) if v.bm == 64] if s.m == 16 else []
-        plan.append(("gemv_m", s, [rule(s)] + [sym for sym in sweep if sym != rule(s)]))
+        plan.append(("gemv_m", s, [rule(s)] + [sym for sym in sweep if sym != rule(s)], []))
     for s in SMOL_DECODE:
-        plan.append(("smol", s, [rule(s)]))
+        plan.append(("smol", s, [rule(s)], []))
     for s in GEMM_SHAPES:
-        plan.append(("gemm", s, [rule(s)] + [v.symbol for v in gemm_variants(s) if v.symbol != rule(s)]))
+        plan.append(("gemm", s, [rule(s)] + [v.symbol for v in gemm_variants(s) if v.symbol != rule(s)], []))
     return plan
 
 
@@ -664,9 +753,9 @@ def _parse(sym: str):
     return v
 
 
-def decode_symbols() -> list[str]:
+def decode_symbols(ms=(1, 16)) -> list[str]:
     return [select(KernelCall("linear", s.attrs, s.dims), TARGET).kernel
-            for m in (1, 16) for s in (dataclass_replace(s, m=m) for s in LLAMA_DECODE)]
+            for m in ms for s in (dataclass_replace(s, m=m) for s in LLAMA_DECODE)]
 
 
 def decode_step(timer: Timer, kernels: Kernels, m: int, torch) -> dict:
@@ -703,13 +792,18 @@ def decode_step(timer: Timer, kernels: Kernels, m: int, torch) -> dict:
                     "residual": res_ptr, **s.dims}
             c = sel[s.name]
             launches.append(cd.KernelLaunch(kernels.function(c.kernel), c.grid, c.block, c.smem,
-                                            cd.pack_args(LINEAR, [vals[p.name] for p in LINEAR])))
+                                            cd.pack_args(LINEAR, [vals[p.name] for p in LINEAR]), pdl=c.pdl))
+    pdl_us = float("nan")
+    if any(k.pdl for k in launches[1:]):  # the same graph with programmatic edges where the kernels allow
+        pdl_us = timer.graph(launches, reps=5)[0] * len(launches)
+    for k in launches:
+        k.pdl = False
     us, spread = timer.graph(launches, reps=5)
     us *= len(launches)
     for b in bufs:
         b.close()
 
-    result = {"m": m, "launches": len(launches), "us": us, "spread": spread, "weight_bytes": weight_bytes,
+    result = {"m": m, "launches": len(launches), "us": us, "pdl_us": pdl_us, "spread": spread, "weight_bytes": weight_bytes,
               "gbps": weight_bytes / us / 1e3, "torch_us": float("nan"), "torch_gbps": float("nan"),
               "kernels": {k: c.kernel for k, c in sel.items()}}
     if torch is None:
@@ -751,19 +845,52 @@ def decode_step(timer: Timer, kernels: Kernels, m: int, torch) -> dict:
     return {**result, "torch_us": torch_us, "torch_gbps": torch_bytes / torch_us / 1e3}
 
 
+def print_gemv2_table(report: dict) -> None:
+    """One line per (shape, M) of the gemv2 section: the rule's kernel (plain graph and with
+    programmatic edges), the best gemv2 tiling, the gemv rule's kernel, TVM (M = 1) and torch."""
+    bw = report["meta"]["copy_bandwidth"] / 1e9
+    recs = [r for r in report["records"] if r["section"] == "gemv2"]
+    if not recs:
+        return
+    nan = float("nan")
+    tvm = {(r["shape"], r["m"]): r["us"] for r in report["records"] if r["section"] == "tvm"}
+    print(f"gemv2 (M <= 8): us, % of copy bw ({bw:.0f} GB/s) by weight bytes; pdl = programmatic edges between launches")
+    print(f"{'shape':14s} {'M':>2s} | {'rule kernel (linear_gemv2_...)':30s} {'us':>7s} {'%':>4s} {'pdl us':>7s} | "
+          f"{'best tiling':30s} {'us':>7s} {'%':>4s} | {'gemv':>7s} {'TVM':>7s} {'torch':>7s} | {'xTVM':>5s} {'xtorch':>6s} | err")
+    keys = list(dict.fromkeys((r["shape"], r["m"]) for r in recs))
+    for shape, m in keys:
+        group = [r for r in recs if (r["shape"], r["m"]) == (shape, m)]
+        ours = [r for r in group if r["kernel"].startswith("linear_gemv2_") and not r.get("pdl") and r["ok"]]
+        rule = next((r for r in group if r["rule_choice"]), None) or {"kernel": "linear_gemv2_(none)", "us": nan}
+        rpdl = next((r["us"] for r in group if r.get("pdl") and r["kernel"] == rule["kernel"]), nan)
+        best = min(ours, key=lambda r: r["us"]) if ours else {"kernel": "linear_gemv2_(none)", "us": nan}
+        old = next((r["us"] for r in group if r.get("old_rule") and not r.get("pdl")), nan)
+        t_us = next((r["us"] for r in group if r["kernel"] == "torch_f16_linear"), nan)
+        v_us = tvm.get((shape, m), nan)
+        b = group[0]["bytes"]
+        pct = lambda us: 100 * b / us / 1e3 / bw  # noqa: E731
+        worst = max((r["err"] for r in group if r["kernel"] != "torch_f16_linear"), default=0.0)
+        short = lambda k: k[len("linear_gemv2_"):] if k.startswith("linear_gemv2_") else k[7:]  # noqa: E731
+        print(f"{shape:14s} {m:2d} | {short(rule['kernel']):30s} {rule['us']:7.2f} {pct(rule['us']):3.0f}% {rpdl:7.2f} | "
+              f"{short(best['kernel']):30s} {best['us']:7.2f} {pct(best['us']):3.0f}% | {old:7.2f} {v_us:7.2f} {t_us:7.2f} | "
+              f"{v_us / rule['us']:5.2f} {t_us / rule['us']:6.2f} | {worst:.0e}")
+
+
 def print_table(report: dict) -> None:
     bw = report["meta"]["copy_bandwidth"] / 1e9
     recs = report["records"]
     bad = [r for r in recs if not r["ok"]]
     nan = float("nan")
     print("\n==== linear kernels on", report["meta"].get("device"), f"(copy bandwidth {bw:.0f} GB/s) ====")
-    print("GEMV rows: GB/s of weight bytes and % of the copy bandwidth; GEMM rows: TFLOP/s and % of 790")
-    print(f"{'shape':18s} {'M':>4s} | {'rule kernel (linear_...)':36s} {'us':>7s} {'rate':>6s} {'%':>4s} | "
-          f"{'best tiling':36s} {'us':>7s} {'%':>4s} | {'torch':>7s} {'TVM':>7s} | {'x torch':>7s} {'x TVM':>6s} | err")
+    print_gemv2_table(report)
+    if any(r["section"] not in ("tvm", "gemv2") for r in recs):
+        print("GEMV rows: GB/s of weight bytes and % of the copy bandwidth; GEMM rows: TFLOP/s and % of 790")
+        print(f"{'shape':18s} {'M':>4s} | {'rule kernel (linear_...)':36s} {'us':>7s} {'rate':>6s} {'%':>4s} | "
+              f"{'best tiling':36s} {'us':>7s} {'%':>4s} | {'torch':>7s} {'TVM':>7s} | {'x torch':>7s} {'x TVM':>6s} | err")
     seen = []
     for r in recs:
         key = (r["section"], r["shape"], r["m"])
-        if r["section"] == "tvm" or key in seen:
+        if r["section"] in ("tvm", "gemv2") or key in seen or r.get("pdl"):
             continue
         seen.append(key)
         group = [x for x in recs if (x["section"], x["shape"], x["m"]) == key]
@@ -784,7 +911,8 @@ def print_table(report: dict) -> None:
               f"{t_us / rule['us']:7.2f} {v_us / rule['us']:6.2f} | {worst:.0e}")
     for c in report["decode_step"]:
         print(f"decode step (1B linears: 16 layers + LM head) M={c['m']}: grokc {c['us']:.1f} us "
-              f"({c['gbps']:.0f} GB/s, {100 * c['gbps'] / bw:.0f}% of copy bw, {c['launches']} launches) | torch fp16 "
+              f"({c['gbps']:.0f} GB/s, {100 * c['gbps'] / bw:.0f}% of copy bw, {c['launches']} launches), "
+              f"with PDL edges {c.get('pdl_us', float('nan')):.1f} us | torch fp16 "
               f"{c['torch_us']:.1f} us ({c['torch_gbps']:.0f} GB/s) | {c['torch_us'] / c['us']:.2f}x faster")
     print(f"correctness: {len(recs) - len(bad)} of {len(recs)} timed outputs within tolerance"
           + ("" if not bad else "; OUT OF TOLERANCE: " + ", ".join(

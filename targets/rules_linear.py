@@ -31,10 +31,12 @@ from dataclasses import dataclass
 from .base import KernelCall, KernelChoice, Target
 
 HEADERS: tuple[str, ...] = (
-    "common.cuh", "linear_common.cuh", "linear_gemv.cuh", "linear_gemm.cuh", "linear_ref.cuh",
+    "common.cuh", "pdl.cuh", "linear_common.cuh", "linear_gemv2.cuh", "linear_gemv.cuh", "linear_gemm.cuh",
+    "linear_ref.cuh",
 )
 
 GEMV_MAX_M = 16
+GEMV2_MAX_M = 8            # gemv2::MAXM in linear_gemv2.cuh: the batch is the MMA's n = 8
 GEMV_X_BUDGET = 64 * 1024  # bytes of staged x per block; gemv::X_BUDGET in linear_gemv.cuh
 GEMM_BK = 64               # gemm::BK in linear_gemm.cuh
 REF_THREADS = 128          # ref::THREADS in linear_ref.cuh
@@ -99,6 +101,54 @@ class Gemv:
 
 
 @dataclass(frozen=True)
+class Gemv2:
+    """``linear_gemv2_<wf>_<act>_<out>_r<R>k<KS>w<WN>d<D>b<B>`` (``kernels/linear_gemv2.cuh``)."""
+
+    wf: str
+    act: str
+    out: str
+    r: int     # row groups (16 A rows) per warp
+    ks: int    # warps splitting K
+    wn: int    # warps along N
+    d: int     # steps of weight loads in flight per lane (2 * r 16-byte loads each)
+    minb: int  # __launch_bounds__ min blocks per SM (0: 1, i.e. no cap below 255 registers)
+
+    @property
+    def symbol(self) -> str:
+        return f"linear_gemv2_{self.wf}_{self.act}_{self.out}_r{self.r}k{self.ks}w{self.wn}d{self.d}b{self.minb}"
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.ks * self.wn
+
+    @property
+    def step_k(self) -> int:  # 4 lanes x one 16-byte chunk per A row
+        return 32 if self.wf == "f16" else 128
+
+    @property
+    def cols(self) -> int:
+        """Outputs per block."""
+        br = 16 * self.r * self.wn
+        return br // 2 if self.act == "silu" else br
+
+    def blocks(self, n: int) -> int:
+        return -(-n // self.cols)
+
+    def smem(self, m: int, k: int) -> int:
+        """Dynamic shared memory, exactly as linear_gemv2.cuh lays it out."""
+        kp = -(-k // 128) * 128
+        red = self.ks * m * 16 * self.r * self.wn * 4 if self.ks > 1 else 0
+        return (m + 1) * kp * 2 + self.ks * self.wn * 8 * 4 + red
+
+    def source(self) -> str:
+        # minb 0 still names 1: with a thread count alone ptxas aims at an occupancy of its own and
+        # caps registers (64 at 256 threads), spilling the ring of loads
+        return (f'extern "C" __global__ void {_bounds(self.threads, max(1, self.minb))} {self.symbol}(GROKC_LINEAR_PARAMS) '
+                f"{{ grokc::gemv2::linear_gemv2<{_cpp_common(self.wf, self.act, self.out)}, {self.r}, {self.ks}, "
+                f"{self.wn}, {self.d}>(GROKC_LINEAR_ARGS); }}\n")
+
+
+@dataclass(frozen=True)
 class Gemm:
     wf: str
     act: str
@@ -159,13 +209,19 @@ class Ref:
 
 _COMMON = r"(?P<wf>f16|q4g|q4)_(?P<act>none|silu)_(?P<out>f16|f32)"
 _GEMV_RE = re.compile(rf"linear_gemv_{_COMMON}_m(?P<mt>\d+)k(?P<ks>\d+)r(?P<rg>\d+)u(?P<u>\d+)b(?P<b>\d+)")
+_GEMV2_RE = re.compile(rf"linear_gemv2_{_COMMON}_r(?P<r>\d+)k(?P<ks>\d+)w(?P<wn>\d+)d(?P<d>\d+)b(?P<b>\d+)")
 _GEMM_RE = re.compile(
     rf"linear_gemm_{_COMMON}_m(?P<bm>\d+)n(?P<bn>\d+)w(?P<wm>\d+)x(?P<wn>\d+)s(?P<st>\d+)b(?P<b>\d+)")
 _REF_RE = re.compile(rf"linear_ref_{_COMMON}")
 
 
-def parse(symbol: str) -> Gemv | Gemm | Ref | None:
+def parse(symbol: str) -> Gemv2 | Gemv | Gemm | Ref | None:
     """The variant a linear kernel symbol names, or None if it is not a valid one."""
+    if m := _GEMV2_RE.fullmatch(symbol):
+        v2 = Gemv2(m["wf"], m["act"], m["out"], int(m["r"]), int(m["ks"]), int(m["wn"]), int(m["d"]), int(m["b"]))
+        ok = (v2.r in (1, 2, 3, 4) and v2.ks in (1, 2, 4, 8, 16) and v2.wn in (1, 2, 4, 8) and 1 <= v2.d <= 8
+              and v2.r * v2.d <= 8 and v2.threads <= 512 and 0 <= v2.minb <= 8)  # ring: 8 * R * D registers
+        return v2 if ok and v2.symbol == symbol else None
     if m := _GEMV_RE.fullmatch(symbol):
         v = Gemv(m["wf"], m["act"], m["out"], int(m["mt"]), int(m["ks"]), int(m["rg"]), int(m["u"]), int(m["b"]))
         ok = (v.mt in (8, 16) and v.ks in (1, 2, 4, 8) and 1 <= v.rg <= 8 and 1 <= v.u <= 8
@@ -234,6 +290,42 @@ def _linear(call: KernelCall) -> _Linear | None:
     return _Linear(fmt, act, out, m, n, k, gs)
 
 
+def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
+    """The gemv2 tiling for a call (M <= 8): enough warps to cover every SM several times over.
+
+    Row groups (16 A rows: 16 outputs, or 8 for silu_mul) are the unit of N; a warp takes R of
+    them and, with KS warps per block splitting K, 1/KS of the steps. Many row groups (the LM
+    head): whole rows per warp, 4 warps a block. Few (qkv, o, down): one group per warp and K
+    split until there are about 8 warps per SM.
+    """
+    groups = -(-lin.n // 8) if lin.act == "silu" else -(-lin.nw // 16)
+    step_k = 32 if lin.wf == "f16" else 128
+    nsteps = -(-lin.k // step_k)
+    if groups >= 16 * target.num_sms:
+        r, ks, wn = 2, 1, 4
+    else:
+        r, wn = 1, 1
+        ks = 1
+        while ks < 16 and groups * ks < 8 * target.num_sms and nsteps >= 2 * ks:
+            ks *= 2
+    per_warp = -(-nsteps // ks)
+    d = max(1, min(4 if r == 1 else 3, per_warp))
+    return Gemv2(lin.wf, lin.act, lin.out, r, ks, wn, d, 0)
+
+
+def rule_gemv2(call: KernelCall, target: Target) -> KernelChoice | None:
+    if call.op != "linear" or (lin := _linear(call)) is None:
+        return None
+    if lin.m > GEMV2_MAX_M or not lin.fast_ok:
+        return None
+    v = gemv2_variant(lin, target)
+    smem = v.smem(lin.m, lin.k)
+    if smem > target.smem_per_block:  # x does not fit (e.g. K = 8192 at M = 8 on a 99 KB part)
+        return None
+    return KernelChoice(v.symbol, (v.blocks(lin.n), 1, 1), (v.threads, 1, 1), smem, "linear.gemv2",
+                        pdl=target.has_pdl)
+
+
 def gemv_variant(lin: _Linear, target: Target) -> Gemv:
     """The GEMV tiling for a call: K split so each warp gets >= 2 steps, blocks filling the GPU."""
     step_k = 32 if lin.wf == "f16" else 128
@@ -298,4 +390,4 @@ def rule_ref(call: KernelCall, target: Target) -> KernelChoice | None:
     return KernelChoice(v.symbol, (math.ceil(lin.n / REF_THREADS), lin.m, 1), (REF_THREADS, 1, 1), 0, "linear.ref")
 
 
-RULES = {"linear": [rule_gemv, rule_gemm, rule_ref]}
+RULES = {"linear": [rule_gemv2, rule_gemv, rule_gemm, rule_ref]}

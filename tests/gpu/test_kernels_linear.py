@@ -12,11 +12,11 @@ exact in f16 and accumulate in fp32 on the tensor cores; zeros and group scales 
 the f16 weights (one more 2**-11 rounding per weight). Also ``max |got - want| <= 20 * tol *
 rms(want)``, so a few badly wrong elements cannot hide in the norm.
 
-Covered: every family (gemv M <= 16, gemm, the fp32 fallback), f16 / int4 per-channel / with
+Covered: every family (gemv2 M <= 8, gemv M <= 16, gemm, the fp32 fallback), f16 / int4 per-channel / with
 zeros / groups of 32 and 128, none / silu_mul, f16 / f32 out, with and without norm and residual,
 ``out`` aliasing ``residual``, odd shapes (K = 576, N not a multiple of any tile, M = 1, 3, 8, 16,
 17, 100, 130, multi-slab staging at M = 16, K = 8192), and each GEMV / GEMM tiling the bench
-sweeps.
+sweeps; gemv2 tilings at every M = 1..8, with K tails (K = 576, 40) and partial row groups.
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ SHAPES = [(1, 3072, 2048), (1, 960, 576), (3, 100, 576), (8, 1000, 1536), (16, 2
 # Tilings the bench sweeps, checked on odd shapes (not what the rules would pick there).
 GEMV_TILINGS = [(8, 1, 2, 0), (8, 1, 4, 0), (8, 1, 1, 0), (4, 2, 4, 0), (4, 1, 3, 0), (2, 4, 8, 0),
                 (1, 8, 4, 0), (2, 2, 2, 2), (8, 2, 4, 0), (4, 4, 2, 0), (8, 1, 8, 3)]
+# gemv2 tilings (R, KS, WN, D, minblocks): every value of each knob, split-K and whole-row paths.
+GEMV2_TILINGS = [(1, 1, 1, 1, 0), (1, 2, 1, 4, 0), (1, 4, 1, 2, 0), (1, 8, 1, 2, 0), (1, 16, 1, 1, 0), (2, 1, 4, 3, 0),
+                 (2, 2, 2, 4, 0), (4, 1, 2, 2, 0), (3, 1, 2, 2, 0), (1, 4, 2, 3, 0), (2, 1, 1, 4, 0), (4, 2, 1, 2, 2)]
 GEMM_TILINGS = [(128, 128, 2, 4, 3, 0), (64, 128, 2, 4, 3, 0), (64, 64, 2, 2, 3, 0), (128, 128, 2, 4, 4, 1),
                 (128, 64, 4, 2, 3, 0), (64, 128, 2, 4, 2, 2)]
 
@@ -144,7 +147,23 @@ def _gemm_variant_cases() -> list[tuple]:
     return cases
 
 
+def _gemv2_variant_cases() -> list[tuple]:
+    """Each tiling on three formats at M = 1..8 (rotating), K with a partial step, N with partial groups."""
+    cases = []
+    combos = (("q4", "silu_mul", "f16", 200, 1536), ("f16", "none", "f32", 200, 1000), ("q4g128z", "none", "f16", 200, 576),
+              ("q4z", "none", "f16", 72, 8192), ("q4g32", "silu_mul", "f32", 40, 576), ("f16", "silu_mul", "f16", 24, 40))
+    for i, (r, ks, wn, d, b) in enumerate(GEMV2_TILINGS):
+        for j, (fmt, act, out, n, k) in enumerate(combos):
+            wf, gs, _ = FORMATS[fmt]
+            kwf = "f16" if wf == "f16" else ("q4g" if gs else "q4")
+            v = rules_linear.Gemv2(kwf, "silu" if act == "silu_mul" else "none", out, r, ks, wn, d, b)
+            m = 1 + (i + 3 * j) % 8
+            cases.append((v, m, n, k, fmt, act, out, (i + j) % 2 == 0, (i + j) % 3 != 0))
+    return cases
+
+
 GEMV_CASES = _gemv_variant_cases()
+GEMV2_CASES = _gemv2_variant_cases()
 GEMM_CASES = _gemm_variant_cases()
 
 
@@ -154,15 +173,33 @@ def sm(cuda_context) -> int:
     return 10 * major + minor
 
 
+def _symbols(test: str, param, sm: int) -> set[str]:
+    """The kernels one test of this module launches."""
+    if test == "test_selected_kernel":
+        return {choose(*make_case(seeded(param), *param), sm).kernel}
+    if test in ("test_gemv_tilings", "test_gemm_tilings", "test_gemv2_tilings"):
+        return {param[0].symbol}
+    if test == "test_out_aliases_residual":
+        return {choose(*make_case(seeded(0), param, 64, 2048, "q4", "none", "f16", True, True), sm).kernel}
+    if test == "test_pdl_chain":
+        return {choose(*make_case(seeded(0), 4, 2048, 1024, "q4", "silu_mul", "f16", True, False), sm).kernel,
+                choose(*make_case(seeded(0), 4, 1024, 2048, "q4", "none", "f16", False, True), sm).kernel}
+    return set()
+
+
 @pytest.fixture(scope="module")
-def cubins(sm) -> dict[str, bytes]:
-    """Every symbol these tests launch, compiled in parallel chunks: symbol -> cubin."""
+def cubins(request, sm) -> dict[str, bytes]:
+    """Every symbol the selected tests of this module launch, compiled in parallel chunks."""
     target = get_target(f"sm{sm}")
-    symbols = {choose(*make_case(seeded(c), *c), sm).kernel for c in CASES}
-    symbols |= {c[0].symbol for c in GEMV_CASES + GEMM_CASES}
-    symbols.add(choose(*make_case(seeded(0), 3, 64, 2048, "q4", "none", "f16", True, True), sm).kernel)
+    symbols: set[str] = set()
+    for item in request.session.items:
+        if item.module is request.module:
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            symbols |= _symbols(item.originalname, params.get("case", params.get("m")), sm)
     ordered = sorted(symbols)
     chunks = [ordered[i::8] for i in range(8) if ordered[i::8]]
+    if not chunks:
+        return {}
     with ThreadPoolExecutor(len(chunks)) as pool:
         built = list(pool.map(lambda c: build_cubin(c, target), chunks))
     return {s: cubin for chunk, cubin in zip(chunks, built) for s in chunk}
@@ -192,6 +229,16 @@ def test_gemv_tilings(case, cubins, sm):
     check(got, oracle(args, attrs), TOL[fmt], v.symbol)
 
 
+@pytest.mark.parametrize("case", GEMV2_CASES, ids=lambda c: f"{c[0].symbol}-M{c[1]}-N{c[2]}-K{c[3]}-{c[4]}")
+def test_gemv2_tilings(case, cubins, sm):
+    v, m, n, k, fmt, act, out, norm, residual = case
+    args, attrs = make_case(seeded(v.symbol, m, n, k, fmt), m, n, k, fmt, act, out, norm, residual)
+    if v.smem(m, k) > get_target(f"sm{sm}").smem_per_block:
+        pytest.skip("does not fit this GPU's shared memory")
+    got = _run(cubins, v.symbol, (v.blocks(n), 1, 1), (v.threads, 1, 1), v.smem(m, k), args)
+    check(got, oracle(args, attrs), TOL[fmt], f"{v.symbol} M={m} N={n} K={k} {fmt} norm={norm} residual={residual}")
+
+
 @pytest.mark.parametrize("case", GEMM_CASES, ids=lambda c: c[0].symbol)
 def test_gemm_tilings(case, cubins, sm):
     v, m, n, k, fmt, act, out = case
@@ -202,7 +249,7 @@ def test_gemm_tilings(case, cubins, sm):
     check(got, oracle(args, attrs), TOL[fmt], v.symbol)
 
 
-@pytest.mark.parametrize("m", [3, 100])
+@pytest.mark.parametrize("m", [1, 3, 8, 100])
 def test_out_aliases_residual(m, cubins, sm):
     """out and residual are one buffer: each element is read, then overwritten."""
     case = (m, 64, 2048, "q4", "none", "f16", True, True)
@@ -243,3 +290,65 @@ def test_out_aliases_residual(m, cubins, sm):
         for buf in buffers:
             buf.close()
     check(got, want, TOL["q4"], f"{choice.kernel} with out == residual")
+
+
+def test_pdl_chain(cubins, sm):
+    """A decoder-like chain of gemv2 launches joined by programmatic edges (sm_90: the next kernel
+    starts early and streams its weights before griddepcontrol.wait): every launch must still see
+    the previous one's output. h += down(silu(gate_up(norm(h)))) twice, out aliasing residual."""
+    m, hid, inter = 4, 1024, 2048
+    rng = seeded("pdl", m)
+    steps = []
+    for _ in range(2):
+        up_case = make_case(rng, m, inter, hid, "q4", "silu_mul", "f16", True, False)
+        down_case = make_case(rng, m, hid, inter, "q4", "none", "f16", False, True)
+        steps += [up_case, down_case]
+    h = rng.standard_normal((m, hid)).astype(F16)
+    want = h.copy()
+    for (a_up, at_up), (a_dn, at_dn) in zip(steps[0::2], steps[1::2]):
+        a_up = {**a_up, "x": want}
+        mid = oracle(a_up, at_up).astype(F16)
+        a_dn = {**a_dn, "x": mid, "residual": want}
+        want = oracle(a_dn, at_dn).astype(F16)
+    kernel_harness.context()
+    bufs: list = []
+
+    def dev(a):
+        b = cd.DeviceBuffer(max(a.nbytes, 256))
+        b.upload(np.ascontiguousarray(a))
+        bufs.append(b)
+        return b.ptr
+
+    modules = []
+    try:
+        hb, mid_b = dev(h), dev(np.full((m, inter), np.nan, F16))
+        launches = []
+        for i, (args, attrs) in enumerate(steps):
+            choice = choose(args, attrs, sm)
+            assert choice.rule == "linear.gemv2"
+            vals = {**{k: (dev(v) if isinstance(v, np.ndarray) else v) for k, v in args.items()
+                       if k not in ("x", "out", "residual")}}
+            if attrs["act"] == "silu_mul":
+                vals.update(x=hb, out=mid_b, residual=None)
+            else:
+                vals.update(x=mid_b, out=hb, residual=hb)
+            mod = cd.Module(cubins[choice.kernel])
+            modules.append(mod)
+            launches.append(cd.KernelLaunch(mod.function(choice.kernel), choice.grid, choice.block, choice.smem,
+                                            cd.pack_args(KERNEL_ABI["linear"], [vals[p.name] for p in KERNEL_ABI["linear"]]),
+                                            pdl=i > 0 and sm >= 90))
+        stream = cd.Stream()
+        g = cd.Graph(launches, stream)
+        try:
+            g.launch(stream)
+            stream.synchronize()
+        finally:
+            g.close()
+            stream.close()
+        got = bufs[0].download(0, h.nbytes).view(F16).reshape(m, hid)
+    finally:
+        for mod in modules:
+            mod.close()
+        for b in bufs:
+            b.close()
+    check(got, want.astype(np.float64), 5e-3, "gemv2 chain with programmatic edges")

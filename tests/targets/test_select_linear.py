@@ -30,7 +30,13 @@ def check_launch(c, m: int, n: int, k: int, act: str, target) -> None:
     threads = c.block[0] * c.block[1] * c.block[2]
     assert c.block == (threads, 1, 1) and 32 <= threads <= 1024
     assert 0 <= c.smem <= target.smem_per_block
-    if isinstance(v, rules_linear.Gemv):
+    if isinstance(v, rules_linear.Gemv2):
+        assert c.grid[1:] == (1, 1) and v.blocks(n) == c.grid[0]
+        assert (c.grid[0] - 1) * v.cols < n <= c.grid[0] * v.cols
+        assert c.smem == v.smem(m, k) and threads == v.threads
+        assert m <= rules_linear.GEMV2_MAX_M
+        assert c.pdl == target.has_pdl  # griddepcontrol after the first weight loads
+    elif isinstance(v, rules_linear.Gemv):
         assert c.grid[1:] == (1, 1) and v.blocks(n) == c.grid[0]
         cols = 8 * v.rg // (2 if act == "silu_mul" else 1)
         assert (c.grid[0] - 1) * cols < n <= c.grid[0] * cols
@@ -50,7 +56,9 @@ def test_model_shapes(arch: str, m: int):
     target = get_target(arch)
     for k, n, act, wf, out in LLAMA_1B + SMOLLM2:
         c = select(call(m, n, k, act, wf, out), target)
-        want = "linear.gemv" if m <= 16 else "linear.gemm"
+        want = "linear.gemv2" if m <= 8 else "linear.gemv" if m <= 16 else "linear.gemm"
+        if want == "linear.gemv2" and (m + 1) * k * 2 > target.smem_per_block:
+            want = "linear.gemv"  # x does not fit a block's shared memory (K = 8192 at M = 8 on 99 KB parts)
         assert c.rule == want, (m, n, k, c)
         assert c.kernel.startswith(f"linear_{want.split('.')[1]}_")
         check_launch(c, m, n, k, act, target)
@@ -58,8 +66,8 @@ def test_model_shapes(arch: str, m: int):
 
 def test_rule_order():
     t = get_target("sm90")
-    assert select(call(1, 3072, 2048), t).rule == "linear.gemv"
-    assert rules_linear.parse(select(call(8, 3072, 2048), t).kernel).mt == 8
+    assert select(call(1, 3072, 2048), t).rule == "linear.gemv2"
+    assert select(call(8, 3072, 2048), t).rule == "linear.gemv2"
     assert rules_linear.parse(select(call(9, 3072, 2048), t).kernel).mt == 16
     assert select(call(16, 3072, 2048), t).rule == "linear.gemv"
     assert select(call(17, 3072, 2048), t).rule == "linear.gemm"
@@ -67,15 +75,24 @@ def test_rule_order():
     assert select(call(1, 64, 40), t).rule == "linear.ref"
     assert select(call(64, 64, 40), t).rule == "linear.ref"
     assert select(call(1, 64, 64, gs=16), t).rule == "linear.ref"
-    assert select(call(1, 64, 40, wf="f16"), t).rule == "linear.gemv"  # f16 only needs K % 8
-    assert select(call(1, 64, 576, gs=64), t).kernel.startswith("linear_gemv_q4g_")
-    assert select(call(1, 64, 576, gs=576), t).kernel.startswith("linear_gemv_q4_")  # one group = per channel
+    assert select(call(1, 64, 40, wf="f16"), t).rule == "linear.gemv2"  # f16 only needs K % 8
+    assert select(call(12, 64, 40, wf="f16"), t).rule == "linear.gemv"
+    assert select(call(1, 64, 576, gs=64), t).kernel.startswith("linear_gemv2_q4g_")
+    assert select(call(1, 64, 576, gs=576), t).kernel.startswith("linear_gemv2_q4_")  # one group = per channel
+    assert select(call(12, 64, 576, gs=64), t).kernel.startswith("linear_gemv_q4g_")
+    # gemv2 keeps x of the whole block in shared memory: past the budget the gemv family takes over
+    assert select(call(8, 2048, 8192), get_target("sm86")).rule == "linear.gemv"
+    assert select(call(8, 2048, 8192), t).rule == "linear.gemv2"
+    assert select(call(1, 3072, 2048), t).pdl and not select(call(1, 3072, 2048), get_target("sm89")).pdl
+    assert not select(call(12, 3072, 2048), t).pdl  # the gemv family has no griddepcontrol
     assert select(call(100, 64, 576, gs=128), t).kernel.startswith("linear_gemm_q4g_")
 
 
 def test_symbols_encode_the_variant():
     t = get_target("sm90")
     c = select(call(1, 8192, 2048, "silu_mul", "q4", "f32"), t)
+    assert c.kernel.startswith("linear_gemv2_q4_silu_f32_")
+    c = select(call(12, 8192, 2048, "silu_mul", "q4", "f32"), t)
     assert c.kernel.startswith("linear_gemv_q4_silu_f32_")
     c = select(call(512, 2048, 2048, "none", "f16", "f16"), t)
     assert c.kernel.startswith("linear_gemm_f16_none_f16_")
@@ -83,16 +100,32 @@ def test_symbols_encode_the_variant():
 
 def test_parse_round_trip_and_rejects():
     for sym in ["linear_gemv_q4_none_f16_m8k8r1u2b0", "linear_gemm_q4g_silu_f32_m64n128w2x4s3b2",
-                "linear_ref_f16_silu_f16"]:
+                "linear_ref_f16_silu_f16", "linear_gemv2_q4g_silu_f32_r2k4w2d3b0"]:
         v = rules_linear.parse(sym)
         assert v is not None and v.symbol == sym
         assert rules_linear.kernel_source(sym).startswith('extern "C" __global__')
     for bad in ["linear_gemv_q4_none_f16_m12k8r1u2b0",   # MT is 8 or 16
                 "linear_gemv_q4_none_f16_m8k3r1u2b0",    # KS a power of two
                 "linear_gemm_q4_silu_f16_m64n64w2x4s3b0",  # silu needs an even n-tile count per warp
-                "linear_ref_q4g_none_f16", "linear_gemv_q4_none_f16_m08k8r1u2b0", "attn_decode_ref"]:
+                "linear_ref_q4g_none_f16", "linear_gemv_q4_none_f16_m08k8r1u2b0", "attn_decode_ref",
+                "linear_gemv2_q4_none_f16_r1k3w1d2b0",   # KS a power of two
+                "linear_gemv2_q4_none_f16_r1k16w2d2b0",  # 1024 threads
+                "linear_gemv2_q4_none_f16_r1k1w1d0b0"]:  # a ring of no steps
         assert rules_linear.parse(bad) is None, bad
         assert rules_linear.kernel_source(bad) is None
+
+
+def test_gemv2_smem_and_tiling():
+    v = rules_linear.Gemv2("q4", "silu", "f16", 2, 4, 2, 3, 0)
+    assert v.threads == 256 and v.cols == 32 and v.blocks(8192) == 256
+    # (M + 1) rows of roundup(K, 128) halves, per-warp sums of squares, split-K partials
+    assert v.smem(8, 2048) == 9 * 2048 * 2 + 8 * 8 * 4 + 4 * 8 * 64 * 4
+    assert rules_linear.Gemv2("f16", "none", "f32", 2, 1, 4, 3, 0).smem(1, 40) == 2 * 128 * 2 + 4 * 8 * 4
+    # every Llama-3.2-1B decode shape fills the H200's 132 SMs at least once
+    t = get_target("sm90")
+    for k, n, act, wf, out in LLAMA_1B:
+        c = select(call(1, n, k, act, wf, out), t)
+        assert c.grid[0] * c.block[0] // 32 >= t.num_sms, c
 
 
 def test_gemv_smem_slabs_stay_in_budget():

@@ -1,0 +1,421 @@
+// `linear` for decode batches of 1..8 rows of x: a weight-streaming GEMV, weights as the A operand
+// of mma.m16n8k16 ("swap AB"), x as B (its 8 columns are the batch rows).
+//
+// Why this shape. At M <= 8 every weight byte is read once and used for M multiply-adds, so the
+// kernel must keep HBM busy and spend few instructions per weight byte, the same at M = 1 and
+// M = 8. With the weights as A, one MMA multiplies 16 weight rows by 16 k by all 8 batch columns:
+// the same instruction stream serves M = 1..8 (at M = 1 seven columns are idle, which costs
+// nothing: the dequantisation, not the MMA, is the work per byte), and the MMA sums over the 4
+// lanes that share a row, so no shuffles are needed.
+//
+// Lanes and weights. Lane (g, t) = (lane / 4, lane % 4) of a warp loads, per "step" and per row
+// group of 16 A rows, one 16-byte chunk of A row g and one of A row g + 8, both at
+// k = step * STEP_K + t * CK (CK = 32 codes of int4, 8 halves of f16; STEP_K = 4 * CK): a warp
+// load covers 64 contiguous bytes of 8 rows. In the MMA, logical k columns (2t, 2t+1) and
+// (2t+8, 2t+9) are physical pairs of lane t's chunk: for int4, word w of the chunk feeds two MMAs,
+// pairs 0/1 then 2/3 (the pair order artifacts/int4.py packs for the magic-number conversion);
+// for f16 the chunk's 4 half2 feed two MMAs the same way. B row (2t, 2t+1) of column g is then
+// x[g] at those same physical k, read from shared memory with one 16-byte load per 8 k.
+//
+// A rows: act none: 16 consecutive weight rows; silu_mul: A rows 0..7 are gate rows n..n+7 and
+// rows 8..15 the up rows N+n..N+n+7, so D[g] (gate) and D[g+8] (up) of output n+g land in the same
+// lane and the epilogue needs no exchange.
+//
+// int4 -> half2 without conversions: (w & 0x000F000F) | 0x64006400 is (1024 + e0, 1024 + e1) and
+// (w & 0x00F000F0) | 0x64006400 is (1024 + 16 e2, 1024 + 16 e3); one hsub2 (1032) or one hfma2
+// (x / 16 - 72) gives (e - 8) exactly, 9 instructions per 8 codes (w >> 8 serves pairs 2, 3).
+// Per-channel scales and zeros: the row's (z - 8) is subtracted in f16 (one more hsub2, only with
+// zeros), the scale multiplies the fp32 sum. Groups: (e - 8) * s - (z - 8) * s by hfma2 per pair.
+//
+// Work split. A block has KS * WN warps: warp (ks, wn) streams R row groups (16 A rows each) over
+// the steps ks, ks + KS, ... (split-K inside the block); the block owns WN * R row groups. Every
+// lane keeps a ring of D steps of weight loads (2 * R * D 16-byte loads) in flight: step i is
+// computed, then its registers are refilled with step i + D. KS > 1: partial sums meet in shared
+// memory and all threads run the epilogue; KS == 1: each lane finishes its own outputs.
+//
+// Order inside the kernel (programmatic dependent launch, sm_90+): let the next kernel launch,
+// issue the first D steps of weight loads and the per-row scales (weights do not depend on the
+// previous kernel), then griddepcontrol.wait, and only then read x / norm / residual or write.
+// Without a programmatic edge both instructions are no-ops; before sm_90 they compile to nothing.
+//
+// x in shared memory: x (and norm) are copied once per block with cp.async into rows of
+// KP = roundup(K, 128) halves, zero past K, 16-byte pieces XOR-swizzled so the B loads are free
+// of bank conflicts. With a norm, one pass over the staged x gathers each row's sum of squares
+// (fp32) and multiplies x by norm in place (rounded to f16 once); the rms factor multiplies the
+// finished sums. Dynamic shared memory (Gemv2.smem in rules_linear.py computes the same):
+//   (M + 1) * KP * 2   (x rows, norm row)
+// + NW * 8 * 4         (per-warp sums of squares)
+// + [KS > 1] KS * M * 16 * R * WN * 4   (partial sums)
+//
+// Requirements (checked by the rule): 1 <= M <= 8; f16: K % 8 == 0; int4: K % 32 == 0 and, with
+// groups, group_size % 32 == 0.
+#pragma once
+
+#include "linear_common.cuh"
+#include "pdl.cuh"
+
+namespace grokc {
+namespace gemv2 {
+
+using namespace linear;
+
+constexpr int MAXM = 8;
+
+// Physical 16-byte piece of logical piece p in staged row m (rows are a multiple of 16 pieces).
+// int4 steps read pieces 16s + 4t + w, f16 steps 4s + t; both are conflict-free per 8-lane phase.
+template <int WF>
+__device__ __forceinline__ int swz(int m, int p) {
+    if (WF == F16) return p ^ ((m & 1) << 2);
+    return p ^ (((p >> 3) & 1) << 1) ^ (m & 1);
+}
+
+// Four half2 (e_{2i} - 8, e_{2i+1} - 8), i = 0..3, of one int4 word (artifacts/int4.py layout).
+__device__ __forceinline__ void q4_pairs(uint32_t w, uint32_t p[4]) {
+    const uint32_t MAGIC = 0x64006400u;
+    const __half2 B_LO = u32_as_h2(0x64086408u);   // (1032, 1032)
+    const __half2 S_HI = u32_as_h2(0x2C002C00u);   // (1/16, 1/16)
+    const __half2 B_HI = u32_as_h2(0xD480D480u);   // (-72, -72)
+    const uint32_t w8 = w >> 8;
+    p[0] = h2_as_u32(__hsub2(u32_as_h2(lop3_and_or(w, 0x000F000Fu, MAGIC)), B_LO));
+    p[1] = h2_as_u32(__hfma2(u32_as_h2(lop3_and_or(w, 0x00F000F0u, MAGIC)), S_HI, B_HI));
+    p[2] = h2_as_u32(__hsub2(u32_as_h2(lop3_and_or(w8, 0x000F000Fu, MAGIC)), B_LO));
+    p[3] = h2_as_u32(__hfma2(u32_as_h2(lop3_and_or(w8, 0x00F000F0u, MAGIC)), S_HI, B_HI));
+}
+
+template <int WF, int ACT, bool OUT_F32, int R, int KS, int WN, int D, bool NORM, bool ZERO>
+__device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
+    constexpr int NWARP = KS * WN;
+    constexpr int NT = 32 * NWARP;
+    constexpr int CK = (WF == F16) ? 8 : 32;            // k per 16-byte chunk
+    constexpr int STEP_K = 4 * CK;                      // k per step (4 lanes t)
+    constexpr int CB = 16;                              // bytes per chunk
+    constexpr int BR = 16 * R * WN;                     // A rows per block
+    constexpr int OC = (ACT == SILU_MUL) ? BR / 2 : BR; // outputs per block
+    constexpr int GOUT = (ACT == SILU_MUL) ? 8 : 16;    // outputs per row group
+    extern __shared__ __align__(16) unsigned char smem[];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int ks = warp % KS, wn = warp / KS;
+    const int g = lane >> 2, t = lane & 3;
+
+    const int nsteps = (K + STEP_K - 1) / STEP_K;
+    const int KP = (K + 127) & ~127;                    // staged halves per row
+    const int my = ks < nsteps ? (nsteps - ks + KS - 1) / KS : 0;  // steps of this warp
+    const size_t row_bytes = (WF == F16) ? static_cast<size_t>(K) * 2 : static_cast<size_t>(K) / 2;
+    const int G = (WF == Q4G) ? (K + group_size - 1) / group_size : 1;
+
+    __half* xs = reinterpret_cast<__half*>(smem);                       // [M][KP]
+    __half* ns = xs + static_cast<size_t>(M) * KP;                      // [KP]
+    float* wsum = reinterpret_cast<float*>(ns + KP);                    // [NWARP][8]
+    float* red = wsum + NWARP * MAXM;                                   // [KS][M][BR]
+
+    grokc_pdl_launch_dependents();
+
+    // ---- this lane's rows: A row g and g + 8 of each row group j --------------------------------
+    const unsigned char* wlo[R];  // A row g of group j
+    const unsigned char* whi[R];  // A row g + 8
+    int out_n[R];                 // none: weight row of A row g (A row g + 8 is out_n + 8); silu: output n
+    const unsigned char* w0 = static_cast<const unsigned char*>(weight);
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+        const int grp = (blockIdx.x * WN + wn) * R + j;
+        // rows past N read row 0 (their results are never stored)
+        if (ACT == SILU_MUL) {
+            out_n[j] = grp * 8 + g;
+            const int n = out_n[j] < N ? out_n[j] : 0;
+            wlo[j] = w0 + static_cast<size_t>(n) * row_bytes;
+            whi[j] = w0 + static_cast<size_t>(N + n) * row_bytes;
+        } else {
+            out_n[j] = grp * 16 + g;
+            wlo[j] = w0 + static_cast<size_t>(out_n[j] < N ? out_n[j] : 0) * row_bytes;
+            whi[j] = w0 + static_cast<size_t>(out_n[j] + 8 < N ? out_n[j] + 8 : 0) * row_bytes;
+        }
+    }
+    // the row index of A row g + 8 for scale / zero lookups
+    auto row_hi = [&](int j) { return ACT == SILU_MUL ? N + out_n[j] : out_n[j] + 8; };
+    auto row_ok_lo = [&](int j) { return out_n[j] < N; };
+    auto row_ok_hi = [&](int j) { return ACT == SILU_MUL ? out_n[j] < N : out_n[j] + 8 < N; };
+
+    // ---- the ring of weight loads ------------------------------------------------------------------
+    uint4 ring[D][R][2];
+    __half2 gsc[D][R][2], gzs[D][R][2];  // Q4G: group scale and -(z - 8) * scale of each chunk
+    auto load_step = [&](int d, int i) {
+        const int s = ks + i * KS;
+        const int kc = s * STEP_K + t * CK;
+        const bool ok = kc < K;
+        const size_t off = (WF == F16) ? static_cast<size_t>(kc) * 2 : static_cast<size_t>(kc) / 2;
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+            ring[d][j][0] = ok ? ldg_stream(wlo[j] + off) : make_uint4(0u, 0u, 0u, 0u);
+            ring[d][j][1] = ok ? ldg_stream(whi[j] + off) : make_uint4(0u, 0u, 0u, 0u);
+            if (WF == Q4G) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = h == 0 ? (row_ok_lo(j) ? out_n[j] : 0) : (row_ok_hi(j) ? row_hi(j) : 0);
+                    const size_t gi = static_cast<size_t>(row) * G + (ok ? kc / group_size : 0);
+                    const __half sc = scales[gi];
+                    gsc[d][j][h] = __half2half2(sc);
+                    gzs[d][j][h] = ZERO ? __half2half2(__hneg(__hmul(__hsub(zeros[gi], __float2half_rn(8.f)), sc)))
+                                        : __float2half2_rn(0.f);
+                }
+            }
+        }
+    };
+
+    // per-row scale (Q4) and (zero - 8) (Q4 with zeros), read before the wait like the weights
+    float sc_lo[R], sc_hi[R];
+    __half2 zd_lo[R], zd_hi[R];
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+        sc_lo[j] = sc_hi[j] = 1.f;
+        zd_lo[j] = zd_hi[j] = __float2half2_rn(0.f);
+        if (WF == Q4) {
+            const int rl = row_ok_lo(j) ? out_n[j] : 0, rh = row_ok_hi(j) ? row_hi(j) : 0;
+            sc_lo[j] = __half2float(scales[rl]);
+            sc_hi[j] = __half2float(scales[rh]);
+            if (ZERO) {
+                zd_lo[j] = __half2half2(__hsub(zeros[rl], __float2half_rn(8.f)));
+                zd_hi[j] = __half2half2(__hsub(zeros[rh], __float2half_rn(8.f)));
+            }
+        }
+    }
+
+#pragma unroll
+    for (int d = 0; d < D; ++d)
+        if (d < my) load_step(d, d);
+
+    grokc_pdl_wait();  // the previous kernel's x / norm / residual are complete from here on
+
+    // ---- residual of this thread's outputs, early (its latency hides behind the weights) --------
+    // KS == 1: lane outputs (m = 2t + h, A row g / g + 8 of group j); KS > 1: e = tid + i * NT.
+    constexpr int EPT = (OC * MAXM + NT - 1) / NT;
+    constexpr int NRES = KS == 1 ? 4 * R : EPT;
+    __half res[NRES];
+#pragma unroll
+    for (int i = 0; i < NRES; ++i) res[i] = __float2half_rn(0.f);
+    if (residual != nullptr) {
+        if (KS == 1) {
+#pragma unroll
+            for (int j = 0; j < R; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int m = 2 * t + h;
+                    if (m >= M) continue;
+                    if (row_ok_lo(j)) res[4 * j + 2 * h] = residual[static_cast<size_t>(m) * N + out_n[j]];
+                    if (ACT != SILU_MUL && row_ok_hi(j))
+                        res[4 * j + 2 * h + 1] = residual[static_cast<size_t>(m) * N + out_n[j] + 8];
+                }
+        } else {
+#pragma unroll
+            for (int i = 0; i < EPT; ++i) {
+                const int e = tid + i * NT;
+                const int m = e / OC, n = blockIdx.x * OC + (e - m * OC);
+                if (m < M && n < N) res[i] = residual[static_cast<size_t>(m) * N + n];
+            }
+        }
+    }
+
+    // ---- stage x (and norm) ----------------------------------------------------------------------
+    {
+        const int P = KP / 8;
+        for (int idx = tid; idx < M * P; idx += NT) {
+            const int m = idx / P, p = idx - m * P, k = p * 8;
+            const bool ok = k < K;
+            cp_async16(xs + static_cast<size_t>(m) * KP + swz<WF>(m, p) * 8,
+                       ok ? static_cast<const void*>(x + static_cast<size_t>(m) * K + k) : static_cast<const void*>(x), ok);
+        }
+        if (NORM) {
+            for (int p = tid; p < P; p += NT) {
+                const int k = p * 8;
+                cp_async16(ns + k, k < K ? static_cast<const void*>(norm + k) : static_cast<const void*>(norm), k < K);
+            }
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        if (NORM) {
+            for (int m = 0; m < M; ++m) {  // block-uniform loops: the shuffles below are safe
+                float ss = 0.f;
+                for (int p = tid; p < P; p += NT) {
+                    __half* at = xs + static_cast<size_t>(m) * KP + swz<WF>(m, p) * 8;
+                    uint4 v = lds16(at);
+                    const uint4 nv = lds16(ns + p * 8);
+                    ss += sumsq8(v);
+                    v.x = h2_as_u32(__hmul2(u32_as_h2(v.x), u32_as_h2(nv.x)));
+                    v.y = h2_as_u32(__hmul2(u32_as_h2(v.y), u32_as_h2(nv.y)));
+                    v.z = h2_as_u32(__hmul2(u32_as_h2(v.z), u32_as_h2(nv.z)));
+                    v.w = h2_as_u32(__hmul2(u32_as_h2(v.w), u32_as_h2(nv.w)));
+                    *reinterpret_cast<uint4*>(at) = v;
+                }
+                ss = warp_sum(ss);
+                if (lane == 0) wsum[warp * MAXM + m] = ss;
+            }
+            __syncthreads();
+        }
+    }
+
+    // ---- main loop ---------------------------------------------------------------------------------
+    float acc[R][2][4];
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+#pragma unroll
+        for (int a = 0; a < 2; ++a)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[j][a][c] = 0.f;
+
+    const int xrow = g < M ? g : 0;  // batch columns past M read row 0; their sums are dropped
+    const __half* xr = xs + static_cast<size_t>(xrow) * KP;
+
+    auto compute = [&](int d, int i) {
+        const int s = ks + i * KS;
+        if (WF == F16) {
+            const uint4 xv = lds16(xr + swz<WF>(xrow, s * 4 + t) * 8);
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                const uint4 lo = ring[d][j][0], hi = ring[d][j][1];
+                const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y}, b0[2] = {xv.x, xv.y};
+                const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w}, b1[2] = {xv.z, xv.w};
+                mma_16816(acc[j][0], a0, b0);
+                mma_16816(acc[j][1], a1, b1);
+            }
+        } else {
+            uint4 xv[4];
+#pragma unroll
+            for (int w = 0; w < 4; ++w) xv[w] = lds16(xr + swz<WF>(xrow, s * 16 + 4 * t + w) * 8);
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                const uint32_t wl[4] = {ring[d][j][0].x, ring[d][j][0].y, ring[d][j][0].z, ring[d][j][0].w};
+                const uint32_t wh[4] = {ring[d][j][1].x, ring[d][j][1].y, ring[d][j][1].z, ring[d][j][1].w};
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    uint32_t pl[4], ph[4];
+                    q4_pairs(wl[w], pl);
+                    q4_pairs(wh[w], ph);
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        if (WF == Q4 && ZERO) {
+                            pl[q] = h2_as_u32(__hsub2(u32_as_h2(pl[q]), zd_lo[j]));
+                            ph[q] = h2_as_u32(__hsub2(u32_as_h2(ph[q]), zd_hi[j]));
+                        }
+                        if (WF == Q4G) {
+                            pl[q] = h2_as_u32(__hfma2(u32_as_h2(pl[q]), gsc[d][j][0], gzs[d][j][0]));
+                            ph[q] = h2_as_u32(__hfma2(u32_as_h2(ph[q]), gsc[d][j][1], gzs[d][j][1]));
+                        }
+                    }
+                    const uint32_t a0[4] = {pl[0], ph[0], pl[1], ph[1]}, b0[2] = {xv[w].x, xv[w].y};
+                    const uint32_t a1[4] = {pl[2], ph[2], pl[3], ph[3]}, b1[2] = {xv[w].z, xv[w].w};
+                    mma_16816(acc[j][0], a0, b0);
+                    mma_16816(acc[j][1], a1, b1);
+                }
+            }
+        }
+    };
+
+    for (int i0 = 0; i0 < my; i0 += D) {
+#pragma unroll
+        for (int d = 0; d < D; ++d) {
+            const int i = i0 + d;
+            if (i < my) {  // warp-uniform
+                compute(d, i);
+                if (i + D < my) load_step(d, i + D);
+            }
+        }
+    }
+
+    // ---- epilogue ----------------------------------------------------------------------------------
+    // c[0..1] = D[g][2t..2t+1] (A row g, batch rows 2t, 2t+1), c[2..3] = D[g+8][2t..2t+1]
+    auto rms = [&](int m) {
+        if (!NORM) return 1.f;
+        float ss = 0.f;
+#pragma unroll
+        for (int w = 0; w < NWARP; ++w) ss += wsum[w * MAXM + m];
+        return rsqrtf(ss / static_cast<float>(K) + eps);
+    };
+    if (KS == 1) {
+        const float rs0 = rms(2 * t < M ? 2 * t : 0), rs1 = rms(2 * t + 1 < M ? 2 * t + 1 : 0);
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+            float c[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) c[q] = acc[j][0][q] + acc[j][1][q];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int m = 2 * t + h;
+                if (m >= M) continue;
+                const float rs = h ? rs1 : rs0;
+                const size_t o = static_cast<size_t>(m) * N;
+                if (ACT == SILU_MUL) {
+                    if (!row_ok_lo(j)) continue;
+                    float v = silu(c[h] * sc_lo[j] * rs) * (c[2 + h] * sc_hi[j] * rs);
+                    if (residual != nullptr) v += __half2float(res[4 * j + 2 * h]);
+                    store(out, o + out_n[j], v, OUT_F32);
+                } else {
+                    if (row_ok_lo(j)) {
+                        float v = c[h] * sc_lo[j] * rs;
+                        if (residual != nullptr) v += __half2float(res[4 * j + 2 * h]);
+                        store(out, o + out_n[j], v, OUT_F32);
+                    }
+                    if (row_ok_hi(j)) {
+                        float v = c[2 + h] * sc_hi[j] * rs;
+                        if (residual != nullptr) v += __half2float(res[4 * j + 2 * h + 1]);
+                        store(out, o + out_n[j] + 8, v, OUT_F32);
+                    }
+                }
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+            const int a = (wn * R + j) * 16 + g;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int m = 2 * t + h;
+                if (m >= M) continue;
+                float* r = red + static_cast<size_t>(ks * M + m) * BR;
+                r[a] = (acc[j][0][h] + acc[j][1][h]) * sc_lo[j];
+                r[a + 8] = (acc[j][0][2 + h] + acc[j][1][2 + h]) * sc_hi[j];
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < EPT; ++i) {
+            const int e = tid + i * NT;
+            const int m = e / OC, oc = e - m * OC;
+            const int n = blockIdx.x * OC + oc;
+            if (m >= M || n >= N) continue;
+            const int a = ACT == SILU_MUL ? (oc / 8) * 16 + (oc % 8) : oc;
+            float gate = 0.f, up = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < KS; ++kk) {
+                const float* r = red + static_cast<size_t>(kk * M + m) * BR;
+                gate += r[a];
+                if (ACT == SILU_MUL) up += r[a + 8];
+            }
+            const float rs = rms(m);
+            float v = ACT == SILU_MUL ? silu(gate * rs) * (up * rs) : gate * rs;
+            if (residual != nullptr) v += __half2float(res[i]);
+            store(out, static_cast<size_t>(m) * N + n, v, OUT_F32);
+        }
+    }
+    (void)GOUT;
+}
+
+template <int WF, int ACT, bool OUT_F32, int R, int KS, int WN, int D>
+__device__ __forceinline__ void linear_gemv2(GROKC_LINEAR_PARAMS) {
+    static_assert(R >= 1 && KS >= 1 && WN >= 1 && D >= 1, "tiling");
+    constexpr bool Q = WF != F16;
+    if (norm != nullptr) {
+        if (Q && zeros != nullptr)
+            body<WF, ACT, OUT_F32, R, KS, WN, D, true, Q>(GROKC_LINEAR_ARGS);
+        else
+            body<WF, ACT, OUT_F32, R, KS, WN, D, true, false>(GROKC_LINEAR_ARGS);
+    } else {
+        if (Q && zeros != nullptr)
+            body<WF, ACT, OUT_F32, R, KS, WN, D, false, Q>(GROKC_LINEAR_ARGS);
+        else
+            body<WF, ACT, OUT_F32, R, KS, WN, D, false, false>(GROKC_LINEAR_ARGS);
+    }
+}
+
+}  // namespace gemv2
+}  // namespace grokc
