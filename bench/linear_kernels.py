@@ -577,12 +577,12 @@ def run_isolated(job: dict, folder: Path, failures: list) -> dict:
             jf.write_text(json.dumps(job))
             try:
                 proc = subprocess.run([sys.executable, __file__, "--child", str(jf), str(folder), str(of)],
-                                      capture_output=True, text=True, timeout=150)
+                                      capture_output=True, text=True, timeout=240)
                 sys.stdout.write(proc.stdout)
                 ok = proc.returncode == 0
                 tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-6:]
             except subprocess.TimeoutExpired:
-                ok, tail = False, ["timed out after 150 s (a hang?)"]
+                ok, tail = False, ["timed out after 240 s (a hang?)"]
             lines = [json.loads(ln) for ln in of.read_text().splitlines() if ln.strip()] if of.exists() else []
         at = None
         for ln in lines:
@@ -601,7 +601,7 @@ def run_isolated(job: dict, folder: Path, failures: list) -> dict:
     return out
 
 
-SECTIONS = ("gemv2", "tvm", "decode1", "decode8", "gemv", "gemm", "gemv_m", "decode16", "smol")
+SECTIONS = ("gemv2", "decode1", "decode8", "tvm", "gemv", "gemm", "gemv_m", "decode16", "smol")
 
 
 def main() -> None:
@@ -680,6 +680,10 @@ def main() -> None:
                 chain += run_isolated({"kind": "decode", "m": int(sec[6:])}, folder, failures).get("decode_step", [])
             else:
                 section(sec)
+            # what is done so far, in case the run is cut short
+            (out_dir / "linear_bench.json").write_text(json.dumps(
+                {"meta": meta, "records": records, "decode_step": chain, "failures": failures, "partial": True},
+                indent=1, default=float) + "\n")
 
     report = {"meta": meta, "records": records, "decode_step": chain, "failures": failures}
     (out_dir / "linear_bench.json").write_text(json.dumps(report, indent=1, default=float) + "\n")

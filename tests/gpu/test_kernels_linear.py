@@ -21,6 +21,7 @@ sweeps; gemv2 tilings at every M = 1..8, with K tails (K = 576, 40) and partial 
 
 from __future__ import annotations
 
+import os
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
@@ -197,7 +198,8 @@ def cubins(request, sm) -> dict[str, bytes]:
             params = getattr(getattr(item, "callspec", None), "params", {})
             symbols |= _symbols(item.originalname, params.get("case", params.get("m")), sm)
     ordered = sorted(symbols)
-    chunks = [ordered[i::8] for i in range(8) if ordered[i::8]]
+    n = max(1, min(16, os.cpu_count() or 8))
+    chunks = [ordered[i::n] for i in range(n) if ordered[i::n]]
     if not chunks:
         return {}
     with ThreadPoolExecutor(len(chunks)) as pool:
