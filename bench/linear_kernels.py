@@ -187,6 +187,39 @@ def gemv2_variants(s: Shape) -> list[Gemv2]:
     return out
 
 
+def gemv2_rule(s: Shape) -> Gemv2 | None:
+    v = _parse(select(KernelCall("linear", s.attrs, s.dims), TARGET).kernel)
+    return v if isinstance(v, Gemv2) else None
+
+
+def gemv2_focus(s: Shape) -> list[Gemv2]:
+    """Around the rule's tiling: each L2 prefetch size, the norm in registers, two warps along N."""
+    v = gemv2_rule(s)
+    if v is None:
+        return []
+    alts = [dataclasses.replace(v, pf=0), dataclasses.replace(v, pf=2)]
+    if s.norm:
+        alts += [dataclasses.replace(v, nl=1), dataclasses.replace(v, pf=2, nl=1)]
+    if v.ks > 1:
+        alts.append(dataclasses.replace(v, wn=2 * v.wn))
+    from grokc.targets.rules_linear import parse
+
+    return [a for a in alts if parse(a.symbol) is not None and a.smem(s.m, s.k) <= TARGET.smem_per_block]
+
+
+# the decode step is also timed (with programmatic edges) with these knobs changed in every
+# gemv2 kernel of the rule's choice (nl only where there is a norm): {name: {field: value}}
+DECODE_ALTS = {"p2": {"pf": 2}, "n1": {"nl": 1}, "p2n1": {"pf": 2, "nl": 1}, "p0": {"pf": 0}}
+
+
+def decode_alt(s: Shape, sym: str, alt: dict) -> str:
+    v = _parse(sym)
+    if not isinstance(v, Gemv2):
+        return sym
+    change = {k: x for k, x in alt.items() if k != "nl" or s.norm}
+    return dataclasses.replace(v, **change).symbol
+
+
 def launch_dims(v, s: Shape) -> tuple[tuple, tuple, int]:
     if isinstance(v, (Gemv, Gemv2)):
         return (v.blocks(s.n), 1, 1), (v.threads, 1, 1), v.smem(s.m, s.k)
@@ -523,7 +556,7 @@ def run_job(job: dict, folder: Path, emit: Emitter) -> None:
         return
     if job["kind"] == "decode":
         emit(start=[0, f"decode M={job['m']}"])
-        r = decode_step(timer, kernels, job["m"], torch if have_torch else None)
+        r = decode_step(timer, kernels, job["m"], torch if have_torch else None, job.get("best") or {})
         log(f"decode step M={r['m']}: grokc {r['us']:.1f} us ({r['gbps']:.0f} GB/s), with PDL {r['pdl_us']:.1f} us, "
             f"torch fp16 {r['torch_us']:.1f} us")
         emit(result={"decode_step": [r]})
@@ -657,14 +690,17 @@ def main() -> None:
         records, chain = [], []
 
         def section(name: str) -> None:
-            items = [[sec, dataclasses.asdict(s), syms, True, psyms] for sec, s, syms, psyms in plan if sec == name]
+            items = [[sec, dataclasses.asdict(s), syms, not (sec == "gemv2" and s.m in (2, 4)), psyms]
+                     for sec, s, syms, psyms in plan if sec == name]
             if items:
                 records.extend(run_isolated({"kind": "plan", "items": items, "rules": rules, "old_rules": old_rules},
                                             folder, failures)["records"])
 
         # in the order given (most important first: the time budget cuts from the end)
         for sec in sections:
-            if sec == "gemv2":
+            if sec == "gemv2" and GEMV2_SWEEP != "full":
+                section("gemv2")
+            elif sec == "gemv2":
                 section("gemv2")
                 top = gemv2_followups(records, plan)
                 items = [["gemv2", dataclasses.asdict(s), top[(s.name, s.m)], s.m == 8, psyms]
@@ -677,7 +713,9 @@ def main() -> None:
                                              "shapes": {k: dataclasses.asdict(v) for k, v in TVM_SHAPES.items()}},
                                             folder, failures)["records"])
             elif sec.startswith("decode"):
-                chain += run_isolated({"kind": "decode", "m": int(sec[6:])}, folder, failures).get("decode_step", [])
+                m = int(sec[6:])
+                chain += run_isolated({"kind": "decode", "m": m, "best": fastest_gemv2(records, m)},
+                                      folder, failures).get("decode_step", [])
             else:
                 section(sec)
             # what is done so far, in case the run is cut short
@@ -706,6 +744,13 @@ def gemv2_followups(records: list, plan: list) -> dict:
     return out
 
 
+GEMV2_SWEEP = "full" if "--gemv2-sweep-full" in sys.argv else "focus"
+
+
+def LLAMA_DECODE_M(m: int) -> list[Shape]:  # noqa: N802
+    return [dataclass_replace(s, m=m) for s in LLAMA_DECODE]
+
+
 def old_gemv_rule(s: Shape) -> str | None:
     """What the gemv family's own rule picks (the kernel the gemv2 rule now runs ahead of)."""
     c = rule_gemv(KernelCall("linear", s.attrs, s.dims), TARGET)
@@ -724,12 +769,18 @@ def make_plan() -> list[tuple[str, Shape, list[str], list[str]]]:
 
     plan = []
     for s in (dataclass_replace(s, m=m) for m in (1, 8, 2, 4) for s in LLAMA_DECODE + SMOL_DECODE):
-        # gemv2 (M <= 8): the whole sweep at M = 1; at M = 2, 4, 8 the rule's choice, the gemv rule's
-        # and (added at run time by gemv2_followups) the fastest tilings of M = 1
         old = old_gemv_rule(s)
-        sweep = [v.symbol for v in gemv2_variants(s)]
-        syms = [rule(s)] + [x for x in [old] + sweep if x and x != rule(s)]
-        plan.append(("gemv2" if s.m == 1 else "gemv2_m", s, list(dict.fromkeys(syms)), pdl(s)))
+        if GEMV2_SWEEP == "full":
+            # the whole sweep at M = 1; at M = 2, 4, 8 the rule's choice, the gemv rule's and (added
+            # at run time by gemv2_followups) the fastest tilings of M = 1
+            sweep = [v.symbol for v in gemv2_variants(s)]
+            syms = [rule(s)] + [x for x in [old] + sweep if x and x != rule(s)]
+            plan.append(("gemv2" if s.m == 1 else "gemv2_m", s, list(dict.fromkeys(syms)), pdl(s)))
+        else:
+            # the rule's choice, the gemv rule's, and at M = 1 and 8 the variants around the rule's
+            focus = [v.symbol for v in gemv2_focus(s)] if s.m in (1, 8) and s in LLAMA_DECODE_M(s.m) else []
+            syms = [rule(s)] + [x for x in [old] + focus if x and x != rule(s)]
+            plan.append(("gemv2", s, list(dict.fromkeys(syms)), pdl(s)))
     for s in LLAMA_DECODE:
         plan.append(("gemv", s, [rule(s)] + [v.symbol for v in gemv_variants(s, GEMV_TILINGS) if v.symbol != rule(s)], []))
     for s in (dataclass_replace(s, m=m) for s in LLAMA_DECODE[:4] for m in (4, 16)):
@@ -758,11 +809,25 @@ def _parse(sym: str):
 
 
 def decode_symbols(ms=(1, 16)) -> list[str]:
-    return [select(KernelCall("linear", s.attrs, s.dims), TARGET).kernel
-            for m in ms for s in (dataclass_replace(s, m=m) for s in LLAMA_DECODE)]
+    out = []
+    for s in (dataclass_replace(s, m=m) for m in ms for s in LLAMA_DECODE):
+        sym = select(KernelCall("linear", s.attrs, s.dims), TARGET).kernel
+        out += [sym] + [decode_alt(s, sym, alt) for alt in DECODE_ALTS.values()]
+    return list(dict.fromkeys(out))
 
 
-def decode_step(timer: Timer, kernels: Kernels, m: int, torch) -> dict:
+def fastest_gemv2(records: list, m: int) -> dict:
+    """Shape name -> the fastest correct gemv2 kernel timed for it at M = m (plain graphs)."""
+    best: dict = {}
+    for r in records:
+        if (r["section"] == "gemv2" and r["m"] == m and r["ok"] and not r.get("pdl")
+                and r["kernel"].startswith("linear_gemv2_") and r["shape"] in {s.name for s in LLAMA_DECODE}):
+            if r["shape"] not in best or r["us"] < best[r["shape"]][1]:
+                best[r["shape"]] = (r["kernel"], r["us"])
+    return {k: v[0] for k, v in best.items()}
+
+
+def decode_step(timer: Timer, kernels: Kernels, m: int, torch, best: dict | None = None) -> dict:
     """16 layers x (qkv+norm, o+residual, gate_up+norm+silu, down+residual) + LM head, one graph."""
     layers = 16
     shapes = [dataclass_replace(s, m=m) for s in LLAMA_DECODE]
@@ -798,8 +863,22 @@ def decode_step(timer: Timer, kernels: Kernels, m: int, torch) -> dict:
             launches.append(cd.KernelLaunch(kernels.function(c.kernel), c.grid, c.block, c.smem,
                                             cd.pack_args(LINEAR, [vals[p.name] for p in LINEAR]), pdl=c.pdl))
     pdl_us = float("nan")
+    alts = {}
     if any(k.pdl for k in launches[1:]):  # the same graph with programmatic edges where the kernels allow
         pdl_us = timer.graph(launches, reps=5)[0] * len(launches)
+        names = [s.name for layer in range(layers + 1) for s in (shapes if layer < layers else shapes[4:])
+                 if not (layer < layers and s.name == "lm_head")]
+        by_name = {s.name: s for s in shapes}
+        for alt_name, alt in DECODE_ALTS.items():
+            swapped = []
+            for k, name in zip(launches, names):
+                sym = decode_alt(by_name[name], sel[name].kernel, alt)
+                swapped.append(dataclasses.replace(k, function=kernels.function(sym)))
+            alts[alt_name] = timer.graph(swapped, reps=5)[0] * len(swapped)
+        if best:  # each shape's fastest kernel of the gemv2 section
+            swapped = [dataclasses.replace(k, function=kernels.function(best.get(name, sel[name].kernel)))
+                       for k, name in zip(launches, names)]
+            alts["best"] = timer.graph(swapped, reps=5)[0] * len(swapped)
     for k in launches:
         k.pdl = False
     us, spread = timer.graph(launches, reps=5)
@@ -807,7 +886,9 @@ def decode_step(timer: Timer, kernels: Kernels, m: int, torch) -> dict:
     for b in bufs:
         b.close()
 
-    result = {"m": m, "launches": len(launches), "us": us, "pdl_us": pdl_us, "spread": spread, "weight_bytes": weight_bytes,
+    result = {"m": m, "launches": len(launches), "us": us, "pdl_us": pdl_us, "pdl_alts_us": alts, "best": best or {},
+              "spread": spread,
+              "weight_bytes": weight_bytes,
               "gbps": weight_bytes / us / 1e3, "torch_us": float("nan"), "torch_gbps": float("nan"),
               "kernels": {k: c.kernel for k, c in sel.items()}}
     if torch is None:
@@ -916,7 +997,8 @@ def print_table(report: dict) -> None:
     for c in report["decode_step"]:
         print(f"decode step (1B linears: 16 layers + LM head) M={c['m']}: grokc {c['us']:.1f} us "
               f"({c['gbps']:.0f} GB/s, {100 * c['gbps'] / bw:.0f}% of copy bw, {c['launches']} launches), "
-              f"with PDL edges {c.get('pdl_us', float('nan')):.1f} us | torch fp16 "
+              f"with PDL edges {c.get('pdl_us', float('nan')):.1f} us "
+              f"({', '.join(f'{k} {v:.1f}' for k, v in c.get('pdl_alts_us', {}).items())}) | torch fp16 "
               f"{c['torch_us']:.1f} us ({c['torch_gbps']:.0f} GB/s) | {c['torch_us'] / c['us']:.2f}x faster")
     print(f"correctness: {len(recs) - len(bad)} of {len(recs)} timed outputs within tolerance"
           + ("" if not bad else "; OUT OF TOLERANCE: " + ", ".join(

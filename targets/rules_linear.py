@@ -102,7 +102,7 @@ class Gemv:
 
 @dataclass(frozen=True)
 class Gemv2:
-    """``linear_gemv2_<wf>_<act>_<out>_r<R>k<KS>w<WN>d<D>b<B>`` (``kernels/linear_gemv2.cuh``)."""
+    """``linear_gemv2_<wf>_<act>_<out>_r<R>k<KS>w<WN>d<D>p<PF>n<NL>b<B>`` (``kernels/linear_gemv2.cuh``)."""
 
     wf: str
     act: str
@@ -111,11 +111,14 @@ class Gemv2:
     ks: int    # warps splitting K
     wn: int    # warps along N
     d: int     # steps of weight loads in flight per lane (2 * r 16-byte loads each)
+    pf: int    # L2 prefetch with each weight load: 0 none, 1 128 B, 2 256 B
+    nl: int    # RMSNorm: 0 a pass over the staged x, 1 per step in registers (sums of squares on the MMA)
     minb: int  # __launch_bounds__ min blocks per SM (0: 1, i.e. no cap below 255 registers)
 
     @property
     def symbol(self) -> str:
-        return f"linear_gemv2_{self.wf}_{self.act}_{self.out}_r{self.r}k{self.ks}w{self.wn}d{self.d}b{self.minb}"
+        return (f"linear_gemv2_{self.wf}_{self.act}_{self.out}_r{self.r}k{self.ks}w{self.wn}d{self.d}"
+                f"p{self.pf}n{self.nl}b{self.minb}")
 
     @property
     def threads(self) -> int:
@@ -145,7 +148,7 @@ class Gemv2:
         # caps registers (64 at 256 threads), spilling the ring of loads
         return (f'extern "C" __global__ void {_bounds(self.threads, max(1, self.minb))} {self.symbol}(GROKC_LINEAR_PARAMS) '
                 f"{{ grokc::gemv2::linear_gemv2<{_cpp_common(self.wf, self.act, self.out)}, {self.r}, {self.ks}, "
-                f"{self.wn}, {self.d}>(GROKC_LINEAR_ARGS); }}\n")
+                f"{self.wn}, {self.d}, {self.pf}, {self.nl}>(GROKC_LINEAR_ARGS); }}\n")
 
 
 @dataclass(frozen=True)
@@ -209,7 +212,8 @@ class Ref:
 
 _COMMON = r"(?P<wf>f16|q4g|q4)_(?P<act>none|silu)_(?P<out>f16|f32)"
 _GEMV_RE = re.compile(rf"linear_gemv_{_COMMON}_m(?P<mt>\d+)k(?P<ks>\d+)r(?P<rg>\d+)u(?P<u>\d+)b(?P<b>\d+)")
-_GEMV2_RE = re.compile(rf"linear_gemv2_{_COMMON}_r(?P<r>\d+)k(?P<ks>\d+)w(?P<wn>\d+)d(?P<d>\d+)b(?P<b>\d+)")
+_GEMV2_RE = re.compile(
+    rf"linear_gemv2_{_COMMON}_r(?P<r>\d+)k(?P<ks>\d+)w(?P<wn>\d+)d(?P<d>\d+)p(?P<pf>\d+)n(?P<nl>\d+)b(?P<b>\d+)")
 _GEMM_RE = re.compile(
     rf"linear_gemm_{_COMMON}_m(?P<bm>\d+)n(?P<bn>\d+)w(?P<wm>\d+)x(?P<wn>\d+)s(?P<st>\d+)b(?P<b>\d+)")
 _REF_RE = re.compile(rf"linear_ref_{_COMMON}")
@@ -218,9 +222,11 @@ _REF_RE = re.compile(rf"linear_ref_{_COMMON}")
 def parse(symbol: str) -> Gemv2 | Gemv | Gemm | Ref | None:
     """The variant a linear kernel symbol names, or None if it is not a valid one."""
     if m := _GEMV2_RE.fullmatch(symbol):
-        v2 = Gemv2(m["wf"], m["act"], m["out"], int(m["r"]), int(m["ks"]), int(m["wn"]), int(m["d"]), int(m["b"]))
+        v2 = Gemv2(m["wf"], m["act"], m["out"], int(m["r"]), int(m["ks"]), int(m["wn"]), int(m["d"]), int(m["pf"]),
+                   int(m["nl"]), int(m["b"]))
         ok = (v2.r in (1, 2, 3, 4) and v2.ks in (1, 2, 4, 8, 16) and v2.wn in (1, 2, 4, 8) and 1 <= v2.d <= 8
-              and v2.r * v2.d <= 8 and v2.threads <= 512 and 0 <= v2.minb <= 8)  # ring: 8 * R * D registers
+              and v2.r * v2.d <= 8 and v2.pf in (0, 1, 2) and v2.nl in (0, 1)  # ring: 8 * R * D registers
+              and v2.threads <= 512 and 0 <= v2.minb <= 8)
         return v2 if ok and v2.symbol == symbol else None
     if m := _GEMV_RE.fullmatch(symbol):
         v = Gemv(m["wf"], m["act"], m["out"], int(m["mt"]), int(m["ks"]), int(m["rg"]), int(m["u"]), int(m["b"]))
@@ -291,26 +297,34 @@ def _linear(call: KernelCall) -> _Linear | None:
 
 
 def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
-    """The gemv2 tiling for a call (M <= 8): enough warps to cover every SM several times over.
+    """The gemv2 tiling for a call (M <= 8), fitted to the H200 sweep (docs/kernels-linear.md).
 
-    Row groups (16 A rows: 16 outputs, or 8 for silu_mul) are the unit of N; a warp takes R of
-    them and, with KS warps per block splitting K, 1/KS of the steps. Many row groups (the LM
-    head): whole rows per warp, 4 warps a block. Few (qkv, o, down): one group per warp and K
-    split until there are about 8 warps per SM.
+    A row group is 16 A rows (16 outputs, or 8 for silu_mul); a step is 128 k of int4 or 32 k of
+    f16 (1 KB of weights per row group either way).
+
+    - R = 2 row groups per warp once there are more row groups than SMs, else 1;
+    - K is split over KS warps until each warp has at most 2 steps (at most 16 warps), then KS
+      is halved while the grid would exceed about 16 resident warps per SM (a second wave costs
+      more than deeper split-K saves: gate_up at KS = 8 ran 10.9 us against 8.5 at KS = 4);
+    - a ring of 2 steps for split-K tilings, 3 for whole rows (the LM head), where the 4 warps (8
+      past M = 4) of a block share one copy of x.
     """
     groups = -(-lin.n // 8) if lin.act == "silu" else -(-lin.nw // 16)
     step_k = 32 if lin.wf == "f16" else 128
     nsteps = -(-lin.k // step_k)
-    if groups >= 16 * target.num_sms:
-        r, ks, wn = 2, 1, 4
+    r = 2 if groups >= target.num_sms else 1
+    rows = -(-groups // r)  # warps along N
+    ks = 1
+    while ks < 16 and -(-nsteps // ks) > 2:
+        ks *= 2
+    while ks > 1 and rows * ks > 16 * target.num_sms:
+        ks //= 2
+    per = -(-nsteps // ks)
+    if ks == 1:
+        wn, d = (8 if lin.m > 4 else 4), min(3, per)
     else:
-        r, wn = 1, 1
-        ks = 1
-        while ks < 16 and groups * ks < 8 * target.num_sms and nsteps >= 2 * ks:
-            ks *= 2
-    per_warp = -(-nsteps // ks)
-    d = max(1, min(4 if r == 1 else 3, per_warp))
-    return Gemv2(lin.wf, lin.act, lin.out, r, ks, wn, d, 0)
+        wn, d = 1, min(2, per)
+    return Gemv2(lin.wf, lin.act, lin.out, r, ks, wn, d, 1, 0, 0)
 
 
 def rule_gemv2(call: KernelCall, target: Target) -> KernelChoice | None:

@@ -69,6 +69,27 @@ __device__ __forceinline__ int swz(int m, int p) {
     return p ^ (((p >> 3) & 1) << 1) ^ (m & 1);
 }
 
+// A 16-byte weight load: read once, so no L1 allocation; PF asks L2 to fetch the surrounding
+// 128 (PF = 1) or 256 (PF = 2) bytes of the row with it (the next steps' data), or nothing (0).
+template <int PF>
+__device__ __forceinline__ uint4 ldg_w(const void* p) {
+    uint4 v;
+    if (PF == 2)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    else if (PF == 1)
+        asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    else
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ uint32_t hmul2_u32(uint32_t a, uint32_t b) {
+    return h2_as_u32(__hmul2(u32_as_h2(a), u32_as_h2(b)));
+}
+
 // Four half2 (e_{2i} - 8, e_{2i+1} - 8), i = 0..3, of one int4 word (artifacts/int4.py layout).
 __device__ __forceinline__ void q4_pairs(uint32_t w, uint32_t p[4]) {
     const uint32_t MAGIC = 0x64006400u;
@@ -82,16 +103,16 @@ __device__ __forceinline__ void q4_pairs(uint32_t w, uint32_t p[4]) {
     p[3] = h2_as_u32(__hfma2(u32_as_h2(lop3_and_or(w8, 0x00F000F0u, MAGIC)), S_HI, B_HI));
 }
 
-template <int WF, int ACT, bool OUT_F32, int R, int KS, int WN, int D, bool NORM, bool ZERO>
+template <int WF, int ACT, bool OUT_F32, int R, int KS, int WN, int D, int PF, int NL, bool NORM, bool ZERO>
 __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
     constexpr int NWARP = KS * WN;
     constexpr int NT = 32 * NWARP;
     constexpr int CK = (WF == F16) ? 8 : 32;            // k per 16-byte chunk
     constexpr int STEP_K = 4 * CK;                      // k per step (4 lanes t)
-    constexpr int CB = 16;                              // bytes per chunk
     constexpr int BR = 16 * R * WN;                     // A rows per block
     constexpr int OC = (ACT == SILU_MUL) ? BR / 2 : BR; // outputs per block
-    constexpr int GOUT = (ACT == SILU_MUL) ? 8 : 16;    // outputs per row group
+    constexpr bool NPASS = NORM && NL == 0;             // norm applied by a pass over staged x
+    constexpr bool NLOOP = NORM && NL == 1;             // ... or per step, in registers
     extern __shared__ __align__(16) unsigned char smem[];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -106,7 +127,7 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
 
     __half* xs = reinterpret_cast<__half*>(smem);                       // [M][KP]
     __half* ns = xs + static_cast<size_t>(M) * KP;                      // [KP]
-    float* wsum = reinterpret_cast<float*>(ns + KP);                    // [NWARP][8]
+    float* wsum = reinterpret_cast<float*>(ns + KP);  // [NWARP][8] sums of squares (NL 1: [KS][8])
     float* red = wsum + NWARP * MAXM;                                   // [KS][M][BR]
 
     grokc_pdl_launch_dependents();
@@ -146,8 +167,8 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
         const size_t off = (WF == F16) ? static_cast<size_t>(kc) * 2 : static_cast<size_t>(kc) / 2;
 #pragma unroll
         for (int j = 0; j < R; ++j) {
-            ring[d][j][0] = ok ? ldg_stream(wlo[j] + off) : make_uint4(0u, 0u, 0u, 0u);
-            ring[d][j][1] = ok ? ldg_stream(whi[j] + off) : make_uint4(0u, 0u, 0u, 0u);
+            ring[d][j][0] = ok ? ldg_w<PF>(wlo[j] + off) : make_uint4(0u, 0u, 0u, 0u);
+            ring[d][j][1] = ok ? ldg_w<PF>(whi[j] + off) : make_uint4(0u, 0u, 0u, 0u);
             if (WF == Q4G) {
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
@@ -227,13 +248,15 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
         if (NORM) {
             for (int p = tid; p < P; p += NT) {
                 const int k = p * 8;
-                cp_async16(ns + k, k < K ? static_cast<const void*>(norm + k) : static_cast<const void*>(norm), k < K);
+                // NL 1 reads norm beside x in the B pattern: swizzled like x row 0
+                cp_async16(ns + (NLOOP ? swz<WF>(0, p) : p) * 8,
+                           k < K ? static_cast<const void*>(norm + k) : static_cast<const void*>(norm), k < K);
             }
         }
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
-        if (NORM) {
+        if (NPASS) {
             for (int m = 0; m < M; ++m) {  // block-uniform loops: the shuffles below are safe
                 float ss = 0.f;
                 for (int p = tid; p < P; p += NT) {
@@ -263,13 +286,26 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) acc[j][a][c] = 0.f;
 
+    float accsq[4] = {0.f, 0.f, 0.f, 0.f};  // NL 1: D[g][2t..2t+1] of x x^T (its diagonal: sums of squares)
     const int xrow = g < M ? g : 0;  // batch columns past M read row 0; their sums are dropped
     const __half* xr = xs + static_cast<size_t>(xrow) * KP;
 
     auto compute = [&](int d, int i) {
         const int s = ks + i * KS;
         if (WF == F16) {
-            const uint4 xv = lds16(xr + swz<WF>(xrow, s * 4 + t) * 8);
+            uint4 xv = lds16(xr + swz<WF>(xrow, s * 4 + t) * 8);
+            if (NLOOP) {
+                const uint4 nv = lds16(ns + swz<WF>(0, s * 4 + t) * 8);
+                const uint32_t z = 0u;
+                const uint32_t qa0[4] = {xv.x, z, xv.y, z}, qb0[2] = {xv.x, xv.y};
+                const uint32_t qa1[4] = {xv.z, z, xv.w, z}, qb1[2] = {xv.z, xv.w};
+                mma_16816(accsq, qa0, qb0);
+                mma_16816(accsq, qa1, qb1);
+                xv.x = hmul2_u32(xv.x, nv.x);
+                xv.y = hmul2_u32(xv.y, nv.y);
+                xv.z = hmul2_u32(xv.z, nv.z);
+                xv.w = hmul2_u32(xv.w, nv.w);
+            }
 #pragma unroll
             for (int j = 0; j < R; ++j) {
                 const uint4 lo = ring[d][j][0], hi = ring[d][j][1];
@@ -282,6 +318,21 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
             uint4 xv[4];
 #pragma unroll
             for (int w = 0; w < 4; ++w) xv[w] = lds16(xr + swz<WF>(xrow, s * 16 + 4 * t + w) * 8);
+            if (NLOOP) {
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    const uint4 nv = lds16(ns + swz<WF>(0, s * 16 + 4 * t + w) * 8);
+                    const uint32_t z = 0u;
+                    const uint32_t qa0[4] = {xv[w].x, z, xv[w].y, z}, qb0[2] = {xv[w].x, xv[w].y};
+                    const uint32_t qa1[4] = {xv[w].z, z, xv[w].w, z}, qb1[2] = {xv[w].z, xv[w].w};
+                    mma_16816(accsq, qa0, qb0);
+                    mma_16816(accsq, qa1, qb1);
+                    xv[w].x = hmul2_u32(xv[w].x, nv.x);
+                    xv[w].y = hmul2_u32(xv[w].y, nv.y);
+                    xv[w].z = hmul2_u32(xv[w].z, nv.z);
+                    xv[w].w = hmul2_u32(xv[w].w, nv.w);
+                }
+            }
 #pragma unroll
             for (int j = 0; j < R; ++j) {
                 const uint32_t wl[4] = {ring[d][j][0].x, ring[d][j][0].y, ring[d][j][0].z, ring[d][j][0].w};
@@ -324,15 +375,31 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
 
     // ---- epilogue ----------------------------------------------------------------------------------
     // c[0..1] = D[g][2t..2t+1] (A row g, batch rows 2t, 2t+1), c[2..3] = D[g+8][2t..2t+1]
+    // sum of squares of x row m: NL 0, from the pass's per-warp sums; NL 1, from the x x^T
+    // accumulators (their diagonal D[m][m] sits in lane (m, m / 2), element m % 2) of every K slice
     auto rms = [&](int m) {
         if (!NORM) return 1.f;
         float ss = 0.f;
+        if (NPASS) {
 #pragma unroll
-        for (int w = 0; w < NWARP; ++w) ss += wsum[w * MAXM + m];
+            for (int w = 0; w < NWARP; ++w) ss += wsum[w * MAXM + m];
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < KS; ++kk) ss += wsum[kk * MAXM + m];
+        }
         return rsqrtf(ss / static_cast<float>(K) + eps);
     };
+    if (NLOOP && KS > 1 && wn == 0 && t == (g >> 1) && g < M) wsum[ks * MAXM + g] = (g & 1) ? accsq[1] : accsq[0];
     if (KS == 1) {
-        const float rs0 = rms(2 * t < M ? 2 * t : 0), rs1 = rms(2 * t + 1 < M ? 2 * t + 1 : 0);
+        float rs0, rs1;
+        if (NLOOP) {  // this warp saw all of K
+            const float d0 = __shfl_sync(0xffffffffu, accsq[0], 9 * t), d1 = __shfl_sync(0xffffffffu, accsq[1], 9 * t + 4);
+            rs0 = rsqrtf(d0 / static_cast<float>(K) + eps);
+            rs1 = rsqrtf(d1 / static_cast<float>(K) + eps);
+        } else {
+            rs0 = rms(2 * t < M ? 2 * t : 0);
+            rs1 = rms(2 * t + 1 < M ? 2 * t + 1 : 0);
+        }
 #pragma unroll
         for (int j = 0; j < R; ++j) {
             float c[4];
@@ -397,23 +464,22 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
             store(out, static_cast<size_t>(m) * N + n, v, OUT_F32);
         }
     }
-    (void)GOUT;
 }
 
-template <int WF, int ACT, bool OUT_F32, int R, int KS, int WN, int D>
+template <int WF, int ACT, bool OUT_F32, int R, int KS, int WN, int D, int PF, int NL>
 __device__ __forceinline__ void linear_gemv2(GROKC_LINEAR_PARAMS) {
-    static_assert(R >= 1 && KS >= 1 && WN >= 1 && D >= 1, "tiling");
+    static_assert(R >= 1 && KS >= 1 && WN >= 1 && D >= 1 && PF >= 0 && PF <= 2 && (NL == 0 || NL == 1), "tiling");
     constexpr bool Q = WF != F16;
     if (norm != nullptr) {
         if (Q && zeros != nullptr)
-            body<WF, ACT, OUT_F32, R, KS, WN, D, true, Q>(GROKC_LINEAR_ARGS);
+            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, true, Q>(GROKC_LINEAR_ARGS);
         else
-            body<WF, ACT, OUT_F32, R, KS, WN, D, true, false>(GROKC_LINEAR_ARGS);
+            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, true, false>(GROKC_LINEAR_ARGS);
     } else {
         if (Q && zeros != nullptr)
-            body<WF, ACT, OUT_F32, R, KS, WN, D, false, Q>(GROKC_LINEAR_ARGS);
+            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, false, Q>(GROKC_LINEAR_ARGS);
         else
-            body<WF, ACT, OUT_F32, R, KS, WN, D, false, false>(GROKC_LINEAR_ARGS);
+            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, false, false>(GROKC_LINEAR_ARGS);
     }
 }
 

@@ -51,9 +51,13 @@ SHAPES = [(1, 3072, 2048), (1, 960, 576), (3, 100, 576), (8, 1000, 1536), (16, 2
 # Tilings the bench sweeps, checked on odd shapes (not what the rules would pick there).
 GEMV_TILINGS = [(8, 1, 2, 0), (8, 1, 4, 0), (8, 1, 1, 0), (4, 2, 4, 0), (4, 1, 3, 0), (2, 4, 8, 0),
                 (1, 8, 4, 0), (2, 2, 2, 2), (8, 2, 4, 0), (4, 4, 2, 0), (8, 1, 8, 3)]
-# gemv2 tilings (R, KS, WN, D, minblocks): every value of each knob, split-K and whole-row paths.
-GEMV2_TILINGS = [(1, 1, 1, 1, 0), (1, 2, 1, 4, 0), (1, 4, 1, 2, 0), (1, 8, 1, 2, 0), (1, 16, 1, 1, 0), (2, 1, 4, 3, 0),
-                 (2, 2, 2, 4, 0), (4, 1, 2, 2, 0), (3, 1, 2, 2, 0), (1, 4, 2, 3, 0), (2, 1, 1, 4, 0), (4, 2, 1, 2, 2)]
+# gemv2 tilings (R, KS, WN, D, PF, NL, minblocks): every value of each knob, split-K and whole-row
+# paths, the norm pass (NL 0) and the norm in registers (NL 1: run with a norm in every case).
+GEMV2_TILINGS = [(1, 1, 1, 1, 1, 0, 0), (1, 2, 1, 4, 1, 0, 0), (1, 4, 1, 2, 1, 0, 0), (1, 8, 1, 2, 1, 0, 0),
+                 (1, 16, 1, 1, 1, 0, 0), (2, 1, 4, 3, 1, 0, 0), (2, 2, 2, 4, 1, 0, 0), (4, 1, 2, 2, 1, 0, 0),
+                 (3, 1, 2, 2, 1, 0, 0), (1, 4, 2, 3, 1, 0, 0), (2, 1, 1, 4, 1, 0, 0), (4, 2, 1, 2, 1, 0, 2),
+                 (2, 8, 1, 2, 2, 0, 0), (2, 1, 8, 3, 0, 0, 0), (2, 4, 1, 2, 1, 1, 0), (1, 16, 1, 2, 2, 1, 0),
+                 (2, 1, 4, 3, 2, 1, 0), (1, 1, 1, 2, 1, 1, 0), (2, 2, 2, 2, 0, 1, 0)]
 GEMM_TILINGS = [(128, 128, 2, 4, 3, 0), (64, 128, 2, 4, 3, 0), (64, 64, 2, 2, 3, 0), (128, 128, 2, 4, 4, 1),
                 (128, 64, 4, 2, 3, 0), (64, 128, 2, 4, 2, 2)]
 
@@ -153,13 +157,13 @@ def _gemv2_variant_cases() -> list[tuple]:
     cases = []
     combos = (("q4", "silu_mul", "f16", 200, 1536), ("f16", "none", "f32", 200, 1000), ("q4g128z", "none", "f16", 200, 576),
               ("q4z", "none", "f16", 72, 8192), ("q4g32", "silu_mul", "f32", 40, 576), ("f16", "silu_mul", "f16", 24, 40))
-    for i, (r, ks, wn, d, b) in enumerate(GEMV2_TILINGS):
+    for i, (r, ks, wn, d, pf, nl, b) in enumerate(GEMV2_TILINGS):
         for j, (fmt, act, out, n, k) in enumerate(combos):
             wf, gs, _ = FORMATS[fmt]
             kwf = "f16" if wf == "f16" else ("q4g" if gs else "q4")
-            v = rules_linear.Gemv2(kwf, "silu" if act == "silu_mul" else "none", out, r, ks, wn, d, b)
+            v = rules_linear.Gemv2(kwf, "silu" if act == "silu_mul" else "none", out, r, ks, wn, d, pf, nl, b)
             m = 1 + (i + 3 * j) % 8
-            cases.append((v, m, n, k, fmt, act, out, (i + j) % 2 == 0, (i + j) % 3 != 0))
+            cases.append((v, m, n, k, fmt, act, out, nl == 1 or (i + j) % 2 == 0, (i + j) % 3 != 0))
     return cases
 
 

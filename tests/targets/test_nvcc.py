@@ -30,9 +30,9 @@ needs_nvcc = pytest.mark.skipif(not _have_nvcc(), reason="nvcc not found")
 
 # Every family, weight format, activation and output type at least once (sm90, the main target).
 REPRESENTATIVE = [
-    "linear_gemv2_q4_silu_f16_r1k2w1d4b0",
-    "linear_gemv2_q4g_none_f32_r2k4w2d3b0",
-    "linear_gemv2_f16_none_f32_r2k1w4d3b0",
+    "linear_gemv2_q4_silu_f16_r2k4w1d2p1n0b0",
+    "linear_gemv2_q4g_none_f32_r2k4w2d3p2n1b0",
+    "linear_gemv2_f16_none_f32_r2k1w4d3p0n1b0",
     "linear_gemv_q4_none_f16_m8k8r1u2b0",
     "linear_gemv_q4_silu_f16_m16k4r2u4b0",
     "linear_gemv_q4g_none_f32_m8k8r1u4b0",
@@ -44,7 +44,7 @@ REPRESENTATIVE = [
     "linear_ref_f16_none_f32",
 ]
 # A smaller set for the other archs: one kernel of each family.
-PER_ARCH = ["linear_gemv2_q4_silu_f16_r1k2w1d4b0", "linear_gemv_q4_silu_f16_m8k8r1u2b0",
+PER_ARCH = ["linear_gemv2_q4_silu_f16_r2k4w1d2p1n1b0", "linear_gemv_q4_silu_f16_m8k8r1u2b0",
             "linear_gemm_q4_none_f16_m64n64w2x2s3b0", "linear_ref_q4_none_f16"]
 
 

@@ -100,7 +100,7 @@ def test_symbols_encode_the_variant():
 
 def test_parse_round_trip_and_rejects():
     for sym in ["linear_gemv_q4_none_f16_m8k8r1u2b0", "linear_gemm_q4g_silu_f32_m64n128w2x4s3b2",
-                "linear_ref_f16_silu_f16", "linear_gemv2_q4g_silu_f32_r2k4w2d3b0"]:
+                "linear_ref_f16_silu_f16", "linear_gemv2_q4g_silu_f32_r2k4w2d3p2n1b0"]:
         v = rules_linear.parse(sym)
         assert v is not None and v.symbol == sym
         assert rules_linear.kernel_source(sym).startswith('extern "C" __global__')
@@ -108,19 +108,23 @@ def test_parse_round_trip_and_rejects():
                 "linear_gemv_q4_none_f16_m8k3r1u2b0",    # KS a power of two
                 "linear_gemm_q4_silu_f16_m64n64w2x4s3b0",  # silu needs an even n-tile count per warp
                 "linear_ref_q4g_none_f16", "linear_gemv_q4_none_f16_m08k8r1u2b0", "attn_decode_ref",
-                "linear_gemv2_q4_none_f16_r1k3w1d2b0",   # KS a power of two
-                "linear_gemv2_q4_none_f16_r1k16w2d2b0",  # 1024 threads
-                "linear_gemv2_q4_none_f16_r1k1w1d0b0"]:  # a ring of no steps
+                "linear_gemv2_q4_none_f16_r1k3w1d2p1n0b0",   # KS a power of two
+                "linear_gemv2_q4_none_f16_r1k16w2d2p1n0b0",  # 1024 threads
+                "linear_gemv2_q4_none_f16_r1k1w1d0p1n0b0",   # a ring of no steps
+                "linear_gemv2_q4_none_f16_r4k1w1d3p1n0b0",   # 96 ring registers
+                "linear_gemv2_q4_none_f16_r1k1w1d2p3n0b0",   # no 512-byte prefetch
+                "linear_gemv2_q4_none_f16_r1k1w1d2p1n2b0",
+                "linear_gemv2_q4_none_f16_r1k2w1d4b0"]:      # the knobs are not optional
         assert rules_linear.parse(bad) is None, bad
         assert rules_linear.kernel_source(bad) is None
 
 
 def test_gemv2_smem_and_tiling():
-    v = rules_linear.Gemv2("q4", "silu", "f16", 2, 4, 2, 3, 0)
+    v = rules_linear.Gemv2("q4", "silu", "f16", 2, 4, 2, 3, 1, 0, 0)
     assert v.threads == 256 and v.cols == 32 and v.blocks(8192) == 256
     # (M + 1) rows of roundup(K, 128) halves, per-warp sums of squares, split-K partials
     assert v.smem(8, 2048) == 9 * 2048 * 2 + 8 * 8 * 4 + 4 * 8 * 64 * 4
-    assert rules_linear.Gemv2("f16", "none", "f32", 2, 1, 4, 3, 0).smem(1, 40) == 2 * 128 * 2 + 4 * 8 * 4
+    assert rules_linear.Gemv2("f16", "none", "f32", 2, 1, 4, 3, 2, 1, 0).smem(1, 40) == 2 * 128 * 2 + 4 * 8 * 4
     # every Llama-3.2-1B decode shape fills the H200's 132 SMs at least once
     t = get_target("sm90")
     for k, n, act, wf, out in LLAMA_1B:
