@@ -1,6 +1,8 @@
 """Device benchmark of the ``linear`` kernels: correctness, speed, and the baselines, in one run.
 
     python3 bench/linear_kernels.py            # from the repository root, on a GPU machine
+    python3 bench/linear_kernels.py --sections gemv2,decode1,decode8,tvm   # a subset, in this order
+    python3 bench/linear_kernels.py --sections gemv2 --gemv2-sweep-full    # every gemv2 tiling
 
 Needs numpy, cuda-python (``cuda.bindings``), torch (baselines and the copy bandwidth) and nvcc;
 not grokc installed (it maps ``grokc`` onto the checkout) and not TVM (the TVM kernels come as CUDA
@@ -12,13 +14,18 @@ What it does:
 1. Measures the device-to-device copy bandwidth (bytes read + written), the roofline used below.
 2. Builds every kernel variant it times (grokc's with ``build_cubin``, in parallel chunks; TVM's
    sources with nvcc).
-3. GEMV sweep, M = 1, Llama-3.2-1B shapes: every tiling of the sweep, the tiling the rules pick,
+3. gemv2 (M <= 8), Llama-3.2-1B and SmolLM2-135M shapes at M = 1, 2, 4, 8: the rule's kernel (also
+   with programmatic edges between launches), the gemv family's, at M = 1 and 8 the variants
+   around the rule's (L2 prefetch, norm in registers, warps along N; ``--gemv2-sweep-full``: every
+   tiling at M = 1, then the fastest at M = 2, 4, 8), torch at M = 1 and 8.
+   GEMV sweep, M = 1, Llama-3.2-1B shapes: every tiling of the sweep, the tiling the rules pick,
    TVM's dlight GEMV and torch's fp16 ``F.linear``; M = 4 and 16 for the rule's choice; the
    SmolLM2-135M shapes for the rule's choice.
 4. GEMM sweep (prefill), a few shapes: every tile config, the rule's, TVM's dlight Matmul (f16 and
    int4-dequant), torch fp16.
 5. One Llama-3.2-1B decode step's linears (16 layers + LM head, the rule's kernels, one CUDA graph)
-   against torch fp16 doing the same matmuls.
+   against torch fp16 doing the same matmuls; with programmatic edges also with each gemv2 knob
+   of ``DECODE_ALTS`` changed and with each shape's fastest gemv2 kernel of section 3.
 
 Timing: CUDA events around replays of a CUDA graph of L launches, each launch on another copy of
 the weights (copies together > 3x the 60 MB L2, so weights come from HBM); median of 5 timings,
@@ -869,15 +876,17 @@ def decode_step(timer: Timer, kernels: Kernels, m: int, torch, best: dict | None
         names = [s.name for layer in range(layers + 1) for s in (shapes if layer < layers else shapes[4:])
                  if not (layer < layers and s.name == "lm_head")]
         by_name = {s.name: s for s in shapes}
+        def swap(k: cd.KernelLaunch, name: str, sym: str) -> cd.KernelLaunch:
+            # another tiling has its own grid and shared memory (the first version of this kept
+            # the rule's and faulted once a swapped kernel needed more shared memory)
+            grid, block, smem = launch_dims(_parse(sym), by_name[name])
+            return dataclasses.replace(k, function=kernels.function(sym), grid=grid, block=block, smem=smem)
+
         for alt_name, alt in DECODE_ALTS.items():
-            swapped = []
-            for k, name in zip(launches, names):
-                sym = decode_alt(by_name[name], sel[name].kernel, alt)
-                swapped.append(dataclasses.replace(k, function=kernels.function(sym)))
+            swapped = [swap(k, name, decode_alt(by_name[name], sel[name].kernel, alt)) for k, name in zip(launches, names)]
             alts[alt_name] = timer.graph(swapped, reps=5)[0] * len(swapped)
         if best:  # each shape's fastest kernel of the gemv2 section
-            swapped = [dataclasses.replace(k, function=kernels.function(best.get(name, sel[name].kernel)))
-                       for k, name in zip(launches, names)]
+            swapped = [swap(k, name, best.get(name, sel[name].kernel)) for k, name in zip(launches, names)]
             alts["best"] = timer.graph(swapped, reps=5)[0] * len(swapped)
     for k in launches:
         k.pdl = False

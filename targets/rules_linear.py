@@ -297,7 +297,7 @@ def _linear(call: KernelCall) -> _Linear | None:
 
 
 def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
-    """The gemv2 tiling for a call (M <= 8), fitted to the H200 sweep (docs/kernels-linear.md).
+    """The gemv2 tiling for a call (M <= 8), fitted to the H200 sweeps (docs/kernels-linear.md).
 
     A row group is 16 A rows (16 outputs, or 8 for silu_mul); a step is 128 k of int4 or 32 k of
     f16 (1 KB of weights per row group either way).
@@ -306,8 +306,13 @@ def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
     - K is split over KS warps until each warp has at most 2 steps (at most 16 warps), then KS
       is halved while the grid would exceed about 16 resident warps per SM (a second wave costs
       more than deeper split-K saves: gate_up at KS = 8 ran 10.9 us against 8.5 at KS = 4);
-    - a ring of 2 steps for split-K tilings, 3 for whole rows (the LM head), where the 4 warps (8
-      past M = 4) of a block share one copy of x.
+    - a ring of 2 steps for split-K tilings; whole rows (KS = 1, the LM head) take a ring of 3,
+      4 warps a block (8 past M = 4, sharing one copy of x) and the 256-byte L2 prefetch
+      (128.5 us against 129.4; without any prefetch hint 203);
+    - past M = 4 the staged x costs more per block: a grid of at least 2 blocks per SM gets
+      twice the warps along N (gate_up at M = 8: 10.7 us against 12.3), the others apply the
+      norm per step in registers (qkv at M = 8: 5.0 against 6.3; at M = 1 the pass is cheaper,
+      4.2 against 4.3, gate_up 8.4 against 9.2).
     """
     groups = -(-lin.n // 8) if lin.act == "silu" else -(-lin.nw // 16)
     step_k = 32 if lin.wf == "f16" else 128
@@ -320,11 +325,11 @@ def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
     while ks > 1 and rows * ks > 16 * target.num_sms:
         ks //= 2
     per = -(-nsteps // ks)
+    big_m = lin.m > 4
     if ks == 1:
-        wn, d = (8 if lin.m > 4 else 4), min(3, per)
-    else:
-        wn, d = 1, min(2, per)
-    return Gemv2(lin.wf, lin.act, lin.out, r, ks, wn, d, 1, 0, 0)
+        return Gemv2(lin.wf, lin.act, lin.out, r, 1, 8 if big_m else 4, min(3, per), 2, int(big_m), 0)
+    wn = 2 if big_m and rows >= 2 * target.num_sms else 1
+    return Gemv2(lin.wf, lin.act, lin.out, r, ks, wn, min(2, per), 1, int(big_m and wn == 1), 0)
 
 
 def rule_gemv2(call: KernelCall, target: Target) -> KernelChoice | None:
