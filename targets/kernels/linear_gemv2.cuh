@@ -40,11 +40,15 @@
 //
 // x in shared memory: x (and norm) are copied once per block with cp.async into rows of
 // KP = roundup(K, 128) halves, zero past K, 16-byte pieces XOR-swizzled so the B loads are free
-// of bank conflicts. With a norm, one pass over the staged x gathers each row's sum of squares
-// (fp32) and multiplies x by norm in place (rounded to f16 once); the rms factor multiplies the
-// finished sums. Dynamic shared memory (Gemv2.smem in rules_linear.py computes the same):
+// of bank conflicts. With a norm, NL = 0: one pass over the staged x gathers each row's sum of
+// squares (fp32) and multiplies x by norm in place (rounded to f16 once); NL = 1: no pass, each
+// step multiplies its x by norm in registers and one more MMA per 16 k (A = B = raw x) adds to
+// x x^T, whose diagonal is the sums of squares (the pass costs M * K per block: cheaper at
+// M = 1, dearer at M = 8). Either way the rms factor multiplies the finished sums. PF picks the
+// L2 prefetch of the weight loads (0 none, 1 128 B, 2 256 B). Dynamic shared memory (Gemv2.smem
+// in rules_linear.py computes the same):
 //   (M + 1) * KP * 2   (x rows, norm row)
-// + NW * 8 * 4         (per-warp sums of squares)
+// + NWARP * 8 * 4      (sums of squares: per warp with NL = 0, per K slice with NL = 1)
 // + [KS > 1] KS * M * 16 * R * WN * 4   (partial sums)
 //
 // Requirements (checked by the rule): 1 <= M <= 8; f16: K % 8 == 0; int4: K % 32 == 0 and, with
