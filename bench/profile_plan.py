@@ -10,6 +10,7 @@ are summed by op and by kernel, next to the time of the whole graph replay. Prin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from collections import defaultdict
@@ -46,8 +47,15 @@ def main() -> None:
         end.synchronize()
         return start.elapsed_ms(end) * 1e3 / reps
 
-    whole = cd.Graph([ex._resolve(g, launch) for launch in g.launches])
-    whole_us = time_graph(whole, a.reps)
+    resolved = [ex._resolve(g, launch) for launch in g.launches]
+    whole_us = time_graph(cd.Graph(resolved), a.reps)
+    variants = {   # the same graph with programmatic edges only where a variant allows them
+        "no_pdl": [dataclasses.replace(k, pdl=False) for k in resolved],
+        "pdl_linear_only": [dataclasses.replace(k, pdl=k.pdl and l.op == "linear") for k, l in zip(resolved, g.launches)],
+        "pdl_no_attention": [dataclasses.replace(k, pdl=k.pdl and l.op != "attention_decode")
+                             for k, l in zip(resolved, g.launches)],
+    }
+    variant_us = {name: round(time_graph(cd.Graph(ks), a.reps), 1) for name, ks in variants.items()}
     per_op, per_kernel, rows = defaultdict(float), defaultdict(float), []
     for launch in g.launches:
         k = ex._resolve(g, launch)
@@ -59,7 +67,8 @@ def main() -> None:
         rows.append((launch.node, launch.kernel, round(us, 2)))
     print(json.dumps({
         "artifact": a.artifact, "graph": a.graph, "launches": len(g.launches), "batch_active": len(slots),
-        "graph_replay_us": round(whole_us, 1), "sum_of_launches_us": round(sum(per_op.values()), 1),
+        "graph_replay_us": round(whole_us, 1), "graph_variants_us": variant_us,
+        "sum_of_launches_us": round(sum(per_op.values()), 1),
         "by_op_us": {k: round(v, 1) for k, v in sorted(per_op.items(), key=lambda x: -x[1])},
         "by_kernel_us": {k: round(v, 1) for k, v in sorted(per_kernel.items(), key=lambda x: -x[1])},
         "first_launches": rows[:8],

@@ -15,7 +15,6 @@ from grokc.artifacts.kernel_abi import KERNEL_ABI, ArgKind
 
 from .base import KernelCall, KernelChoice, KernelRule, Target
 
-PDL_ENTRY = True  # every kernel below starts with grokc_pdl_entry() (kernels/pdl.cuh)
 HEADERS: tuple[str, ...] = ("pdl.cuh", "sample.cuh", "misc.cuh")
 
 _PTR_TYPES = {

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from .base import KernelCall, KernelChoice, KernelRule, Target
 
-PDL_ENTRY = True  # every kernel below starts with grokc_pdl_entry() (kernels/pdl.cuh)
 HEADERS: tuple[str, ...] = ("pdl.cuh", "synthetic.cuh",)
 SYMBOL = "fill_synthetic_gs256"
 

@@ -7,9 +7,11 @@ Each rule module (``rules_linear``, ``rules_attention``, ``rules_misc``) exports
 - ``HEADERS``: the files under ``targets/kernels/`` its kernel sources need;
 - ``kernel_source(symbol)``: the C++ defining the ``extern "C"`` entry point ``symbol``, or None
   when the symbol is not one of its kernels;
-- optionally ``PDL_ENTRY = True``: every kernel of the module starts with ``grokc_pdl_entry()``
-  (``kernels/pdl.cuh``), so on sm_90+ its launches get ``KernelChoice.pdl`` (a rule may also set
-  ``pdl`` itself for kernels that place the wait later).
+A rule sets ``KernelChoice.pdl`` when its kernel should be joined to the launch before it by a
+programmatic edge (sm_90+). Every grokc kernel triggers its dependents at entry and waits before reading its inputs, so any
+edge may be programmatic; which ones are is a measured choice. On the H200 only the GEMVs gain
+(they prefetch weights before the wait): programmatic edges into attention, sampling or the
+embedding let their blocks take SMs early and slowed a Llama-1B decode step (560 vs 548 us).
 
 ``select`` is the one place a kernel is chosen (dlight's ``ApplyDefaultSchedule`` order: the first
 rule that answers wins); ``nvcc.build_cubin`` asks ``owner`` which module's headers and source a
@@ -18,7 +20,6 @@ symbol needs.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from types import ModuleType
 
 from grokc.artifacts.errors import TargetError, UnsupportedOp
@@ -29,18 +30,17 @@ from .base import KernelCall, KernelChoice, KernelRule, Target
 MODULES: tuple[ModuleType, ...] = (rules_linear, rules_attention, rules_misc, rules_synthetic)
 
 
-def _assemble() -> tuple[dict[str, list[KernelRule]], dict[str, ModuleType]]:
+def _assemble() -> dict[str, list[KernelRule]]:
     rules: dict[str, list[KernelRule]] = {}
-    owners: dict[str, ModuleType] = {}
     for mod in MODULES:
         for op, op_rules in mod.RULES.items():
             if op in rules:  # an op has exactly one owner, so its order is decided in one file
                 raise ImportError(f"op {op!r} has rules in two modules (second: {mod.__name__})")
-            rules[op], owners[op] = list(op_rules), mod
-    return rules, owners
+            rules[op] = list(op_rules)
+    return rules
 
 
-RULES, OP_OWNER = _assemble()
+RULES: dict[str, list[KernelRule]] = _assemble()
 
 
 def select(call: KernelCall, target: Target) -> KernelChoice:
@@ -51,8 +51,6 @@ def select(call: KernelCall, target: Target) -> KernelChoice:
     for rule in rules:
         choice = rule(call, target)
         if choice is not None:
-            if getattr(OP_OWNER[call.op], "PDL_ENTRY", False) and target.has_pdl:
-                choice = replace(choice, pdl=True)   # every kernel of that module starts with grokc_pdl_entry
             return choice
     raise UnsupportedOp(
         f"no kernel for op '{call.op}' with attrs {dict(call.attrs)} and dims {dict(call.dims)} on {target.name}; "
