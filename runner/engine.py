@@ -132,7 +132,8 @@ class Engine:
         """Teacher-forced logits: f32 ``[len(seq), vocab]`` after each token of each sequence.
 
         Token 0 is prefilled alone; every later token is written over the sampled one before its
-        decode step, so each row is the plan's prediction given the true prefix.
+        decode step, so each row is the plan's prediction given the true prefix. The slot is kept
+        active too: a sampled EOS must not stop a teacher-forced sequence.
         """
         out: list[np.ndarray] = []
         for start in range(0, len(sequences), self.shapes.batch):
@@ -147,6 +148,7 @@ class Engine:
                 for slot, seq in zip(slots, wave):
                     if t < len(seq):
                         self.ex.write(IO.TOKENS.value, np.int32(seq[t]), (slot,))
+                        self.ex.write(IO.ACTIVE.value, np.int32(1), (slot,))
                 self.decode(1)
                 logits = self.ex.read(self.plan.graphs[self.decode_graph()].logits)
                 for slot, seq in zip(slots, wave):
