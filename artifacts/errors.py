@@ -29,6 +29,10 @@ class TargetError(GrokcError):
     """An unknown architecture, a missing toolchain, or a device the artifact was not built for."""
 
 
+class QualityError(GrokcError):
+    """A build whose measured quality is worse than the user allowed (``--max-ppl-increase``)."""
+
+
 class ArtifactError(GrokcError):
     """An artifact is missing, corrupt, tampered with, or from an incompatible grokc."""
 

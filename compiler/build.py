@@ -1,8 +1,10 @@
 """``grokc build``: model file -> artifact folder. The side effects of a build live here.
 
-load (frontend) -> trace (torch.export) -> passes (pipeline.py) -> lower per arch -> nvcc per
-arch -> write the artifact. Every choice is a function of the inputs and options, so two builds
-of the same model with the same options are byte-identical.
+load (frontend) -> trace (torch.export) -> calibrate (a calibrated recipe: statistics of the
+linears' inputs, compiler/calibrate.py) -> passes (pipeline.py) -> quality report and gate
+(optional, compiler/quality.py) -> lower per arch -> nvcc per arch -> write the artifact. Every
+choice is a function of the inputs and options, so two builds of the same model with the same
+options are byte-identical.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ from pathlib import Path
 from typing import Callable
 
 from grokc.artifacts import store
-from grokc.artifacts.errors import BuildOptionError
+from grokc.artifacts.errors import BuildOptionError, QualityError
 from grokc.artifacts.manifest import Manifest
+from grokc.compiler.ir import WeightFormat
 from grokc.passes.quantize import QUANT
 from grokc.passes.static_shapes import StaticShapes
 from grokc.targets import build_cubin, get_target
 
-from . import __version__, names, synthetic_weights
+from . import __version__, names, quality, synthetic_weights
+from .calibrate import CalibrationOptions, calibrate
 from .frontends import LoadedModel, load_model
 from .frontends.synthetic import load_config
 from .ir import Module
@@ -35,20 +39,43 @@ class BuildOptions:
     archs: tuple[str, ...] = ("sm90",)
     quant: str = "int4"
     group_size: int | None = None     # None: the recipe's own (per output channel for int4)
+    symmetric: bool | None = None     # None: the recipe's own
+    lm_head: str | None = None        # "fp16" or "int4"; None: the recipe's own (fp16)
     batch: int = 4
     buckets: tuple[int, ...] = (128, 512)
     max_seq: int = 2048
     kv_blocks: int = 0
     check_ir: bool = False
     synthetic_seed: int | None = None  # set: MODEL is a config; weights are seeded and filled at load
+    calibration: CalibrationOptions = CalibrationOptions()  # read by calibrated recipes only
+    quality_tokens: int = 0           # held-out tokens of the quality report; 0: no report (the CLI's default is 4096)
+    quality_context: int = 512
+    max_ppl_increase: float | None = None  # fail when perplexity rises by more than this fraction
+
+    def __post_init__(self) -> None:
+        if self.quality_tokens < 0 or self.quality_context < 2:
+            raise BuildOptionError(f"--quality-tokens {self.quality_tokens} / --quality-context {self.quality_context}: "
+                                   "use tokens >= 0 (0 turns the report off) and a context of at least 2")
+        if self.quality_tokens and self.quality_tokens < self.quality_context:
+            raise BuildOptionError(f"--quality-tokens {self.quality_tokens} is less than one window of "
+                                   f"--quality-context {self.quality_context}; raise it or lower the context")
+        if self.max_ppl_increase is not None and not self.quality_tokens:
+            raise BuildOptionError("--max-ppl-increase needs the quality report; set --quality-tokens above 0")
+        if self.max_ppl_increase is not None and self.max_ppl_increase < 0:
+            raise BuildOptionError(f"--max-ppl-increase {self.max_ppl_increase:.1%} must not be negative")
 
     def compile_options(self) -> CompileOptions:
         if self.quant not in QUANT:
             raise BuildOptionError(f"unknown --quant '{self.quant}'; choose one of: {', '.join(QUANT)}")
-        recipe = QUANT[self.quant]
-        if self.group_size is not None:
-            recipe = replace(recipe, group_size=self.group_size)
+        if self.lm_head not in (None, *_HEAD_FORMATS):
+            raise BuildOptionError(f"unknown --lm-head '{self.lm_head}'; choose one of: {', '.join(_HEAD_FORMATS)}")
+        overrides = {"group_size": self.group_size, "symmetric": self.symmetric,
+                     "lm_head": _HEAD_FORMATS.get(self.lm_head)}
+        recipe = replace(QUANT[self.quant], **{k: v for k, v in overrides.items() if v is not None})
         return CompileOptions(StaticShapes(self.batch, tuple(self.buckets), self.max_seq, self.kv_blocks), recipe)
+
+
+_HEAD_FORMATS = {"fp16": WeightFormat.F16, "int4": WeightFormat.Q4}
 
 
 def build(model_path: str | Path, out: str | Path, opts: BuildOptions, progress: Progress = lambda s: None) -> Manifest:
@@ -68,7 +95,19 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
     """Build the artifact of an already loaded model into ``out``."""
     targets = [get_target(a) for a in dict.fromkeys(opts.archs)]
     t0 = time.perf_counter()
-    module = compile_loaded(loaded, opts.compile_options(), opts.check_ir, progress)
+    copts = opts.compile_options()
+    if loaded.synthetic_seed is not None:
+        if opts.quality_tokens:
+            raise BuildOptionError("--synthetic-weights builds have no source weights to measure quality against; "
+                                   "set --quality-tokens 0")
+        copts = replace(copts, quant=copts.quant.uncalibrated())  # random codes are filled at load: layout only
+    elif copts.quant.calibrated:
+        t1 = time.perf_counter()
+        copts = replace(copts, calibration=calibrate(loaded, copts.quant, opts.calibration, progress))
+        progress(f"calibrated in {time.perf_counter() - t1:.1f} s")
+    module = compile_loaded(loaded, copts, opts.check_ir, progress)
+    if opts.quality_tokens:
+        module = _quality_gate(loaded, module, opts, progress)
     synthetic = {} if loaded.synthetic_seed is None else synthetic_weights.specs(module.params, loaded.synthetic_seed)
     plans, cubins = {}, {}
     for target in targets:
@@ -99,6 +138,19 @@ def compile_loaded(loaded: LoadedModel, copts: CompileOptions, check_ir: bool = 
     progress("tracing with torch.export")
     module = trace_module(loaded.config, weights)
     return compile_module(module, copts, check=check_ir, progress=progress)
+
+
+def _quality_gate(loaded: LoadedModel, module: Module, opts: BuildOptions, progress: Progress) -> Module:
+    """Record the quality report in ``meta["quant"]["quality"]``; fail past ``--max-ppl-increase``."""
+    report = quality.build_report(loaded, module, opts.quality_tokens, opts.quality_context, progress)
+    progress(f"quality: perplexity {report['ppl_artifact']} vs {report['ppl_reference']} unquantized "
+             f"({report['ppl_increase']:+.1%}), top-1 agreement {report['top1_agreement']:.3f}, KL {report['kl_mean']}")
+    if opts.max_ppl_increase is not None and report["ppl_increase"] > opts.max_ppl_increase:
+        raise QualityError(
+            f"perplexity rose {report['ppl_increase']:.1%} ({report['ppl_reference']} -> {report['ppl_artifact']} on "
+            f"{report['tokens']} held-out tokens), more than --max-ppl-increase {opts.max_ppl_increase:.1%} allows; "
+            "choose a grouped recipe (--quant int4-g64) or raise the limit")
+    return module.with_(meta={**module.meta, "quant": {**module.meta["quant"], "quality": report}})
 
 
 def _manifest(loaded: LoadedModel, module: Module, plans: dict, synthetic: dict) -> Manifest:

@@ -51,6 +51,20 @@ def _csv_ints(text: str, option: str) -> tuple[int, ...]:
         raise GrokcError(f"{option} '{text}' must be comma-separated integers, e.g. 128,512") from None
 
 
+def _fraction(text: str, option: str) -> float:
+    """``"10%"`` -> 0.1; ``"0.1"`` -> 0.1."""
+    try:
+        return float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
+    except ValueError:
+        raise GrokcError(f"{option} '{text}' must be a percentage such as 10% (or a fraction such as 0.1)") from None
+
+
+def _recipes_help() -> str:
+    from grokc.passes.quantize import QUANT
+
+    return "; ".join(f"{name} ({r.summary})" for name, r in QUANT.items()) + "."
+
+
 @app.callback()
 def _main(debug: bool = typer.Option(False, "--debug", help="Full tracebacks; verify the IR after every pass.")):
     DEBUG["on"] = debug
@@ -62,8 +76,17 @@ def build(
     model: Path = typer.Argument(..., help="A .gguf file or a Hugging Face folder (config.json + *.safetensors + tokenizer.json)."),
     arch: List[str] = typer.Option(["sm90"], "--arch", help="GPU architecture to build for; repeat for several (sm80, sm86, sm89, sm90, sm100, sm120)."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Artifact folder to write (default: dist/<model name>)."),
-    quant: str = typer.Option("int4", "--quant", help="Weight format of the transformer linears: int4 (per output channel) or fp16."),
-    group_size: Optional[int] = typer.Option(None, "--group-size", help="int4 scale group along the input dim; 0 = one scale per output channel (default)."),
+    quant: str = typer.Option("int4", "--quant", help="Weight recipe: " + _recipes_help()),
+    group_size: Optional[int] = typer.Option(None, "--group-size", help="int4 scale group along the input dim, overriding the recipe's; 0 = one scale per output channel."),
+    symmetric: Optional[bool] = typer.Option(None, "--symmetric/--asymmetric", help="int4 codes without / with a zero-point per scale (default: the recipe's)."),
+    lm_head: Optional[str] = typer.Option(None, "--lm-head", help="LM head weights: fp16 (default) or int4 (the recipe's rounding; a quarter of the bytes a decode step reads for it)."),
+    calib_samples: int = typer.Option(32, "--calib-samples", help="Calibrated recipes: windows of calibration text (the calibration half of Python's pydoc topics, never evaluated)."),
+    calib_tokens: int = typer.Option(512, "--calib-tokens", help="Calibrated recipes: tokens per calibration window."),
+    calib_seed: int = typer.Option(0, "--calib-seed", help="Calibrated recipes: seed that places the windows."),
+    sequential: bool = typer.Option(True, "--sequential/--no-sequential", help="Calibrated recipes: calibrate each block on the outputs of the blocks already quantized."),
+    quality_tokens: int = typer.Option(4096, "--quality-tokens", help="Held-out tokens (the evaluation half of the pydoc topics) on which the build reports perplexity, top-1 agreement and KL against the unquantized model, in the manifest and --json; 0 = no report."),
+    quality_context: int = typer.Option(512, "--quality-context", help="Context length of each window of the quality report."),
+    max_ppl_increase: Optional[str] = typer.Option(None, "--max-ppl-increase", help="Fail the build when the reported perplexity rises by more than this, e.g. 10% (or 0.1)."),
     batch: int = typer.Option(4, "--batch", help="Static batch: sequences served at once (decode slots)."),
     buckets: str = typer.Option("128,512", "--buckets", help="Prompt lengths to compile prefill graphs for; a prompt is padded to the smallest that holds it."),
     max_seq: int = typer.Option(2048, "--max-seq", help="Longest sequence (prompt + generated tokens) a slot can hold."),
@@ -75,9 +98,14 @@ def build(
     """Compile MODEL into an artifact: cubins per arch, graph plans, weights, tokenizer."""
     from .build import BuildOptions, build as run_build
 
-    opts = BuildOptions(archs=tuple(arch), quant=quant, group_size=group_size, batch=batch,
-                        buckets=_csv_ints(buckets, "--buckets"), max_seq=max_seq, kv_blocks=kv_blocks,
-                        check_ir=DEBUG["on"], synthetic_seed=seed if synthetic_weights else None)
+    from .calibrate import CalibrationOptions
+
+    opts = BuildOptions(archs=tuple(arch), quant=quant, group_size=group_size, symmetric=symmetric, lm_head=lm_head,
+                        batch=batch, buckets=_csv_ints(buckets, "--buckets"), max_seq=max_seq, kv_blocks=kv_blocks,
+                        check_ir=DEBUG["on"], synthetic_seed=seed if synthetic_weights else None,
+                        calibration=CalibrationOptions(calib_samples, calib_tokens, calib_seed, sequential),
+                        quality_tokens=0 if synthetic_weights else quality_tokens, quality_context=quality_context,
+                        max_ppl_increase=None if max_ppl_increase is None else _fraction(max_ppl_increase, "--max-ppl-increase"))
     out = out or Path("dist") / model.stem.split(".")[0]
     manifest = run_build(model, out, opts, progress=_progress)
     if as_json:

@@ -39,7 +39,11 @@ def render(info: dict) -> str:
         f"model    {c['architecture']}: {c['num_layers']} layers, hidden {c['hidden_size']}, heads {c['num_heads']}/"
         f"{c['num_kv_heads']} x {c['head_dim']}, ffn {c['intermediate_size']}, vocab {c['vocab_size']}",
         f"quant    {q['name']}: {q['weight_format']} linears, group {q['group_size'] or 'per-channel'}, "
-        f"{'symmetric' if q['symmetric'] else 'asymmetric'}; LM head, embeddings, norms f16",
+        f"{'symmetric' if q['symmetric'] else 'asymmetric'}, {q.get('rounding', 'rtn')}; LM head "
+        f"{q.get('lm_head', 'f16')}, embeddings and norms f16",
+        *([f"quality  perplexity {r['ppl_artifact']} vs {r['ppl_reference']} unquantized ({r['ppl_increase']:+.1%}), "
+           f"top-1 {r['top1_agreement']}, KL {r['kl_mean']} on {r['tokens']} held-out tokens"]
+          if (r := q.get("quality")) else []),
         f"shapes   batch {s['batch']}, buckets {s['buckets']}, max_seq {s['max_seq']}, "
         f"KV {s['kv_blocks']} blocks x {s['kv_block_size']} tokens",
         f"rope     {info['rope']['config']['type']} theta {info['rope']['config']['theta']}, table "

@@ -41,3 +41,19 @@ def from_hf(name: str) -> str | None:
 def layer(i: int, kind: str) -> str:
     """``layer(3, "attn_q")`` -> ``blk.3.attn_q.weight``."""
     return f"blk.{i}.{kind}.weight"
+
+
+LM_HEAD = "output.weight"  # the LM head's name, also when it is tied to token_embd.weight
+
+# Linears that read the same input as another: q/k/v (and their fusion attn_qkv), gate/up (ffn_gate_up).
+_SAME_INPUT = {"attn_k": "attn_q", "attn_v": "attn_q", "attn_qkv": "attn_q", "ffn_up": "ffn_gate",
+               "ffn_gate_up": "ffn_gate"}
+
+
+def input_key(weight: str) -> str:
+    """The name that keys the calibration statistics of ``weight``'s input: the canonical name of
+    the first linear reading that input (``blk.3.attn_qkv.weight`` -> ``blk.3.attn_q.weight``)."""
+    parts = weight.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _SAME_INPUT:
+        return layer(int(parts[1]), _SAME_INPUT[parts[2]])
+    return weight

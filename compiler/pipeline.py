@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from grokc.passes import fuse_attention, fuse_epilogues, fuse_mlp, memory_plan, quantize, rope_table, static_shapes
-from grokc.passes.quantize import QuantRecipe
+from grokc.passes.quantize import Calibration, QuantRecipe
 from grokc.passes.rope_table import RopeTableConfig
 from grokc.passes.static_shapes import StaticShapes
 
@@ -21,6 +21,7 @@ from .ir import Module, verify
 class CompileOptions:
     shapes: StaticShapes
     quant: QuantRecipe
+    calibration: Calibration | None = None  # what a calibrated recipe needs (compiler/calibrate.py)
 
 
 def passes(opts: CompileOptions) -> list[tuple[str, Callable[[Module], Module]]]:
@@ -30,7 +31,7 @@ def passes(opts: CompileOptions) -> list[tuple[str, Callable[[Module], Module]]]
         ("fuse_mlp", fuse_mlp.run),
         ("fuse_epilogues", fuse_epilogues.run),
         ("rope_table", lambda m: rope_table.run(m, RopeTableConfig(length=opts.shapes.max_seq))),
-        ("quantize", lambda m: quantize.run(m, opts.quant)),
+        ("quantize", lambda m: quantize.run(m, opts.quant, opts.calibration)),
         ("static_shapes", lambda m: static_shapes.run(m, opts.shapes)),
         ("memory_plan", memory_plan.run),
     ]

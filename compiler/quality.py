@@ -2,11 +2,20 @@
 
 The reference is grokc's torch Llama in float32 on the source weights (the dequantized GGUF or
 the HF checkpoint): the "fp16 model" of the issues, without any rounding of ours. The artifact is
-run by its CPU plan, teacher-forced token by token through the decode graph (``Engine.score``),
-so what is measured is exactly what the runner computes.
+measured in one of two ways:
 
-Text: a fixed slice of the standard library's ``pydoc_data.topics`` (English prose shipped with
-Python), so every machine evaluates the same tokens with no download.
+- ``evaluate_artifact`` (``grokc eval``): its CPU plan, teacher-forced token by token through the
+  decode graph (``Engine.score``), so what is measured is exactly what the runner computes, f16
+  activations included; one decode step per token, so slow (minutes for 4096 tokens).
+- ``build_report`` (``grokc build``): the same torch Llama in float32 on the weights the module
+  stores (int4 codes dequantized, everything else f16-rounded): what the weight recipe costs, one
+  forward per window (seconds). On SmolLM2 the two agree to about 0.1 % in perplexity.
+
+Text: the standard library's ``pydoc_data.topics`` (English prose shipped with Python), split by
+topic: sorted by name, the topics at even positions are the evaluation split, those at odd
+positions the calibration split (``compiler/calibrate.py``), less every paragraph that an
+evaluation topic also holds. Evaluation never reads calibration text, and every machine
+evaluates the same tokens with no download.
 """
 
 from __future__ import annotations
@@ -20,20 +29,43 @@ import torch
 from grokc.artifacts.errors import ArtifactError
 from grokc.artifacts.store import open_artifact
 
+from grokc.artifacts import int4
+
 from . import names
 from .config import ModelConfig
-from .frontends import load_model
+from .frontends import LoadedModel, load_model
+from .ir import Module, Node, OpKind, WeightFormat
 from .models.llama import Llama
 
 Progress = Callable[[str], None]
 
 
-def pydoc_text(start_topic: int = 0) -> str:
-    """The pydoc topics from ``start_topic`` on (sorted by name), joined: ~465K characters."""
+SPLITS = ("eval", "calibration")
+
+
+def pydoc_topics(split: str) -> list[str]:
+    """Names of the pydoc topics of ``split``: sorted, even positions for "eval", odd for "calibration"."""
     import pydoc_data.topics as topics
 
-    keys = sorted(topics.topics)[start_topic:]
-    return "\n\n".join(topics.topics[k] for k in keys)
+    if split not in SPLITS:
+        raise ValueError(f"unknown text split {split!r}; choose one of {SPLITS}")
+    keys = sorted(topics.topics)
+    return keys[0::2] if split == "eval" else keys[1::2]
+
+
+def pydoc_text(split: str = "eval") -> str:
+    """The text of ``split``: the evaluation topics whole (~250K characters); the calibration topics
+    without any paragraph that also occurs in an evaluation topic (~135K; the topics quote each
+    other, e.g. "compound" holds "while")."""
+    import pydoc_data.topics as topics
+
+    def paragraphs(s: str) -> list[str]:
+        return [p for k in pydoc_topics(s) for p in topics.topics[k].split("\n\n")]
+
+    if split == "eval":
+        return "\n\n".join(topics.topics[k] for k in pydoc_topics("eval"))
+    held_out = {p.strip() for p in paragraphs("eval")}
+    return "\n\n".join(p for p in paragraphs(split) if p.strip() not in held_out)
 
 
 def windows(token_ids: list[int], n_tokens: int, context: int) -> list[list[int]]:
@@ -44,11 +76,57 @@ def windows(token_ids: list[int], n_tokens: int, context: int) -> list[list[int]
 
 
 def reference_model(cfg: ModelConfig, hf_weights: dict[str, np.ndarray]) -> Llama:
+    return torch_llama(cfg, {names.from_hf(k): v for k, v in hf_weights.items() if names.from_hf(k) is not None})
+
+
+def torch_llama(cfg: ModelConfig, weights: dict[str, np.ndarray]) -> Llama:
+    """grokc's torch Llama in float32 with canonically named ``weights`` (``names.LM_HEAD``, when
+    given, becomes a head of its own even if the config ties it to the embeddings)."""
     model = Llama(cfg).eval()
-    state = {names.from_hf(k): torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in hf_weights.items()
-             if names.from_hf(k) is not None}
+    state = {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in weights.items()}
+    if names.LM_HEAD in state and model.output is None:
+        model.output = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
     model.load_state_dict(state, strict=False)
     return model
+
+
+_FUSED = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate", "ffn_up")}
+
+
+def stored_weights(module: Module) -> dict[str, np.ndarray]:
+    """Canonically named f32 weights as a quantized ``module`` stores them: every LINEAR's matrix as
+    the kernels see it (int4 dequantized), fused ones split back, norms and embeddings as stored."""
+    cfg = module.config
+    g = next(iter(module.graphs.values()))
+    out: dict[str, np.ndarray] = {}
+    for n in g.nodes:
+        if n.op is OpKind.EMBEDDING:
+            out[n.inputs["table"]] = np.asarray(module.params[n.inputs["table"]], np.float32)
+        if n.op is not OpKind.LINEAR:
+            continue
+        if "norm" in n.inputs:
+            out[n.inputs["norm"]] = np.asarray(module.params[n.inputs["norm"]], np.float32)
+        w = _dense(module, n)
+        if n.outputs[0] in g.outputs:
+            out[names.LM_HEAD] = w
+            continue
+        base = n.inputs.get("weight", n.inputs.get("qweight")).rsplit(".", 1)[0]   # blk.<i>.<kind>
+        layer, kind = base.split(".")[1], base.split(".")[2]
+        parts = _FUSED.get(kind, (kind,))
+        rows = {"attn_q": cfg.q_dim, "attn_k": cfg.kv_dim, "attn_v": cfg.kv_dim}
+        sizes = [rows.get(p, w.shape[0] // len(parts)) for p in parts]
+        for p, chunk in zip(parts, np.split(w, np.cumsum(sizes)[:-1])):
+            out[names.layer(int(layer), p)] = chunk
+    return out
+
+
+def _dense(module: Module, n: Node) -> np.ndarray:
+    p = module.params
+    if n.attrs.weight_format is WeightFormat.Q4:
+        zeros = n.inputs.get("zeros")
+        return int4.dequantize(p[n.inputs["qweight"]], p[n.inputs["scales"]], None if zeros is None else p[zeros],
+                               n.attrs.group_size)
+    return np.asarray(p[n.inputs["weight"]], np.float32)
 
 
 @torch.no_grad()
@@ -60,24 +138,30 @@ def reference_logits(model: Llama, window: list[int]) -> np.ndarray:
 
 def metrics(ref: list[np.ndarray], art: list[np.ndarray], wins: list[list[int]]) -> dict:
     """Perplexities of both, top-1 agreement and mean KL(ref || art) over all predicted positions."""
-    nll_ref, nll_art, agree, kl = [], [], [], []
-    for r, a, w in zip(ref, art, wins):
-        targets = np.asarray(w[1:])
-        lr, la = _log_softmax(r[:-1]), _log_softmax(a[:-1])
-        rows = np.arange(len(targets))
-        nll_ref.append(-lr[rows, targets])
-        nll_art.append(-la[rows, targets])
-        agree.append(r[:-1].argmax(-1) == a[:-1].argmax(-1))
-        kl.append((np.exp(lr) * (lr - la)).sum(-1))
-    ppl_ref = float(np.exp(np.concatenate(nll_ref).mean()))
-    ppl_art = float(np.exp(np.concatenate(nll_art).mean()))
+    return combine([position_stats(r, a, w) for r, a, w in zip(ref, art, wins)])
+
+
+def position_stats(ref: np.ndarray, art: np.ndarray, window: list[int]) -> dict[str, np.ndarray]:
+    """Per predicted position of one window: both NLLs, top-1 agreement and KL(ref || art)."""
+    targets = np.asarray(window[1:])
+    lr, la = _log_softmax(ref[:-1]), _log_softmax(art[:-1])
+    rows = np.arange(len(targets))
+    return {"nll_ref": -lr[rows, targets], "nll_art": -la[rows, targets],
+            "agree": ref[:-1].argmax(-1) == art[:-1].argmax(-1), "kl": (np.exp(lr) * (lr - la)).sum(-1)}
+
+
+def combine(stats: list[dict[str, np.ndarray]]) -> dict:
+    """``metrics`` from the ``position_stats`` of every window."""
+    cat = {k: np.concatenate([s[k] for s in stats]) for k in stats[0]}
+    ppl_ref = float(np.exp(cat["nll_ref"].mean()))
+    ppl_art = float(np.exp(cat["nll_art"].mean()))
     return {
-        "positions": int(sum(len(x) for x in nll_ref)),
+        "positions": int(cat["nll_ref"].size),
         "ppl_reference": ppl_ref,
         "ppl_artifact": ppl_art,
         "ppl_increase": ppl_art / ppl_ref - 1,
-        "top1_agreement": float(np.concatenate(agree).mean()),
-        "kl_mean": float(np.concatenate(kl).mean()),
+        "top1_agreement": float(cat["agree"].mean()),
+        "kl_mean": float(cat["kl"].mean()),
     }
 
 
@@ -89,19 +173,38 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 def evaluate_artifact(artifact: Path, model: Path, tokens: int = 1024, context: int = 256,
                       progress: Progress = lambda s: None) -> dict:
-    """Quality metrics of ``artifact`` against the source ``model`` on the pydoc slice."""
+    """Quality metrics of ``artifact`` (its CPU plan) against the source ``model`` on the evaluation split."""
     from grokc.runner import Runner
 
     runner = Runner(artifact, device="cpu")
     loaded = load_model(model, progress=progress)
     check_source(runner.artifact.manifest.source, loaded.source_sha256, model)
-    wins = windows(runner.encode(pydoc_text()), tokens, context)
-    progress(f"reference: {len(wins)} windows of {context} tokens")
+    wins = windows(runner.encode(pydoc_text("eval")), tokens, context)
+    # The plan (numpy) runs before the reference (torch): once torch's thread pool has run, its idle
+    # threads slow numpy's BLAS several-fold on a machine with few cores.
+    progress(f"artifact: teacher-forced decode on the CPU plan, {len(wins)} windows of {context} tokens")
+    art = runner.engine.score(wins)
+    progress("reference: the unquantized torch model")
     ref_model = reference_model(loaded.config, loaded.weights)
     ref = [reference_logits(ref_model, w) for w in wins]
-    progress("artifact: teacher-forced decode on the CPU plan")
-    art = runner.engine.score(wins)
     return {"quant": runner.artifact.manifest.quant, "tokens": tokens, "context": context, **metrics(ref, art, wins)}
+
+
+def build_report(loaded: LoadedModel, module: Module, tokens: int, context: int,
+                 progress: Progress = lambda s: None) -> dict:
+    """The build's quality report: ``metrics`` of the weights ``module`` stores (float32 torch model)
+    against the source weights on the evaluation split, rounded to 4 significant digits so that
+    builds stay byte-identical."""
+    from tokenizers import Tokenizer
+
+    wins = windows(Tokenizer.from_str(loaded.tokenizer_json).encode(pydoc_text("eval")).ids, tokens, context)
+    progress(f"quality: {len(wins)} windows of {context} tokens of held-out text")
+    ref_model = reference_model(loaded.config, loaded.weights)
+    art_model = torch_llama(loaded.config, stored_weights(module))
+    stats = [position_stats(reference_logits(ref_model, w), reference_logits(art_model, w), w) for w in wins]
+    report = {k: v if isinstance(v, int) else float(f"{v:.4g}") for k, v in combine(stats).items()}
+    return {"text": "pydoc_data.topics, eval split (even topics)", "tokens": tokens, "context": context,
+            "measured_with": "torch float32 on the stored weights", **report}
 
 
 def check_source(source: dict, sha256: str, model: Path) -> None:

@@ -1,31 +1,47 @@
-"""Weight quantization: the recipe registry, the round-to-nearest int4 quantizer, and the pass.
+"""Weight quantization: the recipe registry and the pass that applies a recipe.
 
 What: every LINEAR weight becomes either f16 or packed int4 (``artifacts/int4.py``) with one f16
 scale per output channel (``group_size == 0``) or per group of ``group_size`` input channels,
-symmetric (code 8 is zero) or asymmetric (an f16 zero-point per scale). The LM head (the LINEAR
-whose output is the graph's logits), the embedding table and the norm weights stay f16 unless the
-recipe says otherwise. Activations are untouched: the residual stream stays f16.
+symmetric (code 8 is zero) or asymmetric (an f16 zero-point per scale). The codes come from
+round-to-nearest (``rounding.py``) or from GPTQ's calibrated rounding (``gptq.py``), which needs
+the second moments of every linear's inputs (``Calibration``, measured by the driver in
+``compiler/calibrate.py``; this pass never runs the model). The LM head (the LINEAR whose output
+is the graph's logits) is f16 or int4 by ``recipe.lm_head``; the embedding table and the norm
+weights become f16. Activations are untouched: the residual stream stays f16.
 
 Requires: unquantized (f32) parameters; run after the fusion passes that concatenate weights
-(per-output-channel scales make concatenation and quantization commute).
+(quantization is row by row, so concatenating rows and quantizing commute; the fused q/k/v and
+gate/up weights share their input and so their Hessian, ``names.input_key``).
 Guarantees: LINEAR attrs carry ``weight_format`` and ``group_size``; a q4 LINEAR's inputs are
-``qweight``, ``scales`` and optionally ``zeros`` instead of ``weight``; ``meta["quant"]`` records
-the recipe. Deterministic: the same weights give the same bytes.
-Not handled: int8 activations; calibrated rounding lives in ``passes/gptq.py``.
+``qweight``, ``scales`` and optionally ``zeros`` instead of ``weight`` (the LM head's are named
+``output.*``); ``meta["quant"]`` records the recipe and how it was calibrated. Deterministic: the
+same weights and statistics give the same bytes.
+Not handled: int8 activations; int8 weights; a quantized embedding table (the ``embedding`` op
+reads f16).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, replace
+import enum
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Mapping
 
 import numpy as np
 
 from grokc.artifacts import int4
 from grokc.artifacts.errors import BuildOptionError
+from grokc.compiler import names
 from grokc.compiler.ir import Module, Node, OpKind, WeightFormat, frozen_array
 
 from ._graph import rebuild_graph, rebuild_module
+from .gptq import quantize_gptq
+from .rounding import quantize_rtn
+
+
+class Rounding(enum.Enum):
+    RTN = "rtn"    # round to nearest (rounding.py)
+    GPTQ = "gptq"  # calibrated error compensation (gptq.py)
 
 
 @dataclass(frozen=True)
@@ -36,91 +52,149 @@ class QuantRecipe:
     weight_format: WeightFormat          # of the transformer-block LINEARs
     group_size: int = 0                  # 0: per output channel
     symmetric: bool = True
+    rounding: Rounding = Rounding.RTN
+    act_order: bool = False              # GPTQ: visit columns by decreasing input energy
+    clip_search: bool = False            # GPTQ per channel: shrink each row's range where that lowers the error
+    damp: float = 0.01                   # GPTQ: fraction of the mean Hessian diagonal added to it
+    lm_head: WeightFormat = WeightFormat.F16
 
     def __post_init__(self) -> None:
         if self.weight_format not in (WeightFormat.F16, WeightFormat.Q4):
             raise BuildOptionError(f"quantization '{self.name}' must store f16 or q4 weights")
+        if self.lm_head not in (WeightFormat.F16, WeightFormat.Q4):
+            raise BuildOptionError(f"--lm-head {self.lm_head.value} is not supported; choose fp16 or int4")
         if self.group_size < 0 or (self.group_size and self.group_size % 8):
             raise BuildOptionError(
                 f"--group-size {self.group_size} is invalid; use 0 (per output channel) or a positive multiple of 8"
             )
+        if self.rounding is Rounding.GPTQ and WeightFormat.Q4 not in (self.weight_format, self.lm_head):
+            raise BuildOptionError(f"quantization '{self.name}' asks for GPTQ rounding but stores no int4 weights")
+        if self.rounding is Rounding.RTN and (self.act_order or self.clip_search):
+            raise BuildOptionError(f"quantization '{self.name}': act_order and clip_search need GPTQ rounding")
+        if self.clip_search and self.group_size and not self.act_order:
+            raise BuildOptionError(f"quantization '{self.name}': clip_search with groups needs act_order "
+                                   "(static group scales)")
+        if not 0 < self.damp < 1:
+            raise BuildOptionError(f"quantization '{self.name}': damp {self.damp} must lie in (0, 1)")
+
+    @property
+    def calibrated(self) -> bool:
+        """True when the recipe needs calibration statistics (``Calibration``)."""
+        return self.rounding is Rounding.GPTQ
+
+    @property
+    def summary(self) -> str:
+        """One line for ``--help`` and ``grokc inspect``."""
+        if self.weight_format is WeightFormat.F16:
+            return "f16 weights"
+        parts = ["per output channel" if not self.group_size else f"groups of {self.group_size}",
+                 "symmetric" if self.symmetric else "asymmetric"]
+        if self.calibrated:
+            parts.append("GPTQ" + "".join(f", {x}" for x, on in (("act-order", self.act_order),
+                                                                 ("clip search", self.clip_search)) if on))
+        else:
+            parts.append("round to nearest")
+        return ", ".join(parts)
+
+    def uncalibrated(self) -> "QuantRecipe":
+        """The same layout with round-to-nearest codes (for weights whose values do not matter)."""
+        return replace(self, rounding=Rounding.RTN, act_order=False, clip_search=False)
 
     def to_json(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["weight_format"] = self.weight_format.value
-        return d
+        return {"name": self.name, "weight_format": self.weight_format.value, "group_size": self.group_size,
+                "symmetric": self.symmetric, "rounding": self.rounding.value, "act_order": self.act_order,
+                "clip_search": self.clip_search, "damp": self.damp, "lm_head": self.lm_head.value}
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """What GPTQ needs from calibration text, measured by the driver (``compiler/calibrate.py``).
+
+    ``hessians`` maps ``names.input_key(weight)`` (``names.LM_HEAD`` for the LM head) to the f32
+    ``[K, K]`` mean of ``x^T x`` over the calibration tokens of that linear's input ``x``;
+    ``info`` says how it was measured (text, samples, tokens, seed) and goes into the manifest.
+    """
+
+    hessians: Mapping[str, np.ndarray]
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for key, h in self.hessians.items():
+            if h.ndim != 2 or h.shape[0] != h.shape[1]:
+                raise BuildOptionError(f"calibration statistics for {key} have shape {h.shape}; they must be square")
+        object.__setattr__(self, "hessians", MappingProxyType(dict(self.hessians)))
+        object.__setattr__(self, "info", MappingProxyType(dict(self.info)))
+
+    def hessian(self, key: str, k: int) -> np.ndarray:
+        if key not in self.hessians:
+            raise BuildOptionError(f"the calibration statistics lack {key}; recalibrate with this model")
+        h = self.hessians[key]
+        if h.shape != (k, k):
+            raise BuildOptionError(f"the calibration statistics for {key} are {h.shape[0]}-wide but the "
+                                   f"weight has {k} inputs; recalibrate with this model")
+        return h
+
+
+_A = dict(weight_format=WeightFormat.Q4, symmetric=False, rounding=Rounding.GPTQ, act_order=True, clip_search=True)
 QUANT: dict[str, QuantRecipe] = {
-    "int4": QuantRecipe("int4", WeightFormat.Q4),
+    "int4": QuantRecipe("int4", **_A),
+    "int4-g128": QuantRecipe("int4-g128", **_A, group_size=128),
+    "int4-g64": QuantRecipe("int4-g64", **_A, group_size=64),
+    "int4-rtn": QuantRecipe("int4-rtn", WeightFormat.Q4),
+    "int4-g64-rtn": QuantRecipe("int4-g64-rtn", WeightFormat.Q4, group_size=64, symmetric=False),
     "fp16": QuantRecipe("fp16", WeightFormat.F16),
 }
 
 
-def quantize_rtn(w: np.ndarray, group_size: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Round-to-nearest int4 of ``w`` f32 ``[N, K]``: ``(codes u8 [N, K], scales f16 [N, G], zeros f16 [N, G] | None)``.
-
-    Symmetric: ``scale = absmax / 7``, ``code = round(w / scale) + 8`` in ``[1, 15]``. Asymmetric:
-    ``scale = (max - min) / 15``, ``zero = round(-min / scale)``, ``code = round(w / scale) + zero``
-    clipped to ``[0, 15]``. Scales are rounded to f16 before the codes are computed, so the codes
-    are optimal for the scales the kernel will see. A last group shorter than ``group_size`` is
-    allowed.
-    """
-    n, k = w.shape
-    gs = group_size or k
-    g = -(-k // gs)
-    padded = np.pad(w.astype(np.float32), ((0, 0), (0, g * gs - k)))
-    blocks = padded.reshape(n, g, gs)                       # [N, G, gs]
-    valid = (np.arange(g * gs) < k).reshape(g, gs)          # [G, gs]
-    big = np.float32(np.finfo(np.float32).max)
-    if symmetric:
-        absmax = np.where(valid, np.abs(blocks), 0).max(-1)             # [N, G]
-        scales = _f16_scale(absmax / 7)
-        codes = np.clip(np.rint(blocks / scales[..., None]), -8, 7) + 8
-        zeros = None
-    else:
-        lo = np.minimum(np.where(valid, blocks, big).min(-1), 0)
-        hi = np.maximum(np.where(valid, blocks, -big).max(-1), 0)
-        scales = _f16_scale((hi - lo) / 15)
-        zeros = np.clip(np.rint(-lo / scales), 0, 15).astype(np.float16)
-        codes = np.clip(np.rint(blocks / scales[..., None]) + zeros[..., None].astype(np.float32), 0, 15)
-    codes = codes.reshape(n, g * gs)[:, :k].astype(np.uint8)
-    return codes, scales.astype(np.float16), zeros
+def quantize_weight(w: np.ndarray, recipe: QuantRecipe,
+                    hessian: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """int4 ``(codes, scales, zeros)`` of one f32 weight ``[N, K]`` by ``recipe`` (GPTQ needs ``hessian [K, K]``)."""
+    if recipe.calibrated:
+        return quantize_gptq(w, hessian, recipe.group_size, recipe.symmetric, damp=recipe.damp,
+                             act_order=recipe.act_order, clip_search=recipe.clip_search)
+    return quantize_rtn(w, recipe.group_size, recipe.symmetric)
 
 
-def _f16_scale(s: np.ndarray) -> np.ndarray:
-    """Scales as the kernel sees them (f16), never zero (an all-zero row keeps scale 1)."""
-    s16 = s.astype(np.float16).astype(np.float32)
-    return np.where(s16 > 0, s16, np.float32(1.0))
+def dequantized_weight(w: np.ndarray, recipe: QuantRecipe, hessian: np.ndarray | None = None) -> np.ndarray:
+    """f32 ``[N, K]``: ``w`` as the kernels will see it after ``quantize_weight``."""
+    codes, scales, zeros = quantize_weight(w, recipe, hessian)
+    return int4.dequantize(int4.pack(codes), scales, zeros, recipe.group_size)
 
 
-def run(module: Module, recipe: QuantRecipe) -> Module:
-    """Quantize every LINEAR weight by ``recipe``; LM head, embeddings and norms become f16."""
+def run(module: Module, recipe: QuantRecipe, calibration: Calibration | None = None) -> Module:
+    """Quantize every LINEAR weight by ``recipe`` (GPTQ ones with ``calibration``); embeddings and
+    norms become f16."""
+    if recipe.calibrated and calibration is None:
+        raise BuildOptionError(f"quantization '{recipe.name}' is calibrated but no calibration statistics were given")
     new_params: dict[str, np.ndarray] = {}
     graphs = {}
     for gname, g in module.graphs.items():
         nodes = []
         for n in g.nodes:
             if n.op is OpKind.LINEAR and n.attrs.weight_format is WeightFormat.F32:
-                is_head = n.outputs[0] in g.outputs
-                fmt = WeightFormat.F16 if is_head else recipe.weight_format
-                n = _quantize_linear(n, module, fmt, recipe, new_params)
+                n = _quantize_linear(n, module, n.outputs[0] in g.outputs, recipe, calibration, new_params)
             nodes.append(n)
         graphs[gname] = rebuild_graph(g, nodes)
     for name, a in module.params.items():  # embeddings, norms, any other f32 weight: f16
         if name not in new_params and a.dtype == np.float32 and a.ndim >= 1 and not name.startswith("rope_"):
             new_params[name] = frozen_array(a.astype(np.float16))
-    return rebuild_module(module, graphs, new_params, meta={**module.meta, "quant": recipe.to_json()})
+    quant = recipe.to_json()
+    if recipe.calibrated:
+        quant["calibration"] = dict(calibration.info)
+    return rebuild_module(module, graphs, new_params, meta={**module.meta, "quant": quant})
 
 
-def _quantize_linear(n: Node, module: Module, fmt: WeightFormat, recipe: QuantRecipe, out: dict) -> Node:
+def _quantize_linear(n: Node, module: Module, is_head: bool, recipe: QuantRecipe, calibration: Calibration | None,
+                     out: dict) -> Node:
     wname = n.inputs["weight"]
     w = module.params[wname]
+    fmt = recipe.lm_head if is_head else recipe.weight_format
     if fmt is WeightFormat.F16:
         out[wname] = frozen_array(w.astype(np.float16))
         return replace(n, attrs=replace(n.attrs, weight_format=fmt))
-    base = wname.removesuffix(".weight")
-    codes, scales, zeros = quantize_rtn(w, recipe.group_size, recipe.symmetric)
+    base = names.LM_HEAD.removesuffix(".weight") if is_head else wname.removesuffix(".weight")
+    h = calibration.hessian(names.LM_HEAD if is_head else names.input_key(wname), w.shape[1]) if recipe.calibrated else None
+    codes, scales, zeros = quantize_weight(w, recipe, h)
     out[f"{base}.qweight"] = frozen_array(int4.pack(codes))
     out[f"{base}.scales"] = frozen_array(scales)
     inputs = {r: s for r, s in n.inputs.items() if r != "weight"}

@@ -63,7 +63,9 @@ def smollm2_loaded(smollm2_gguf: Path):
 def smollm2_artifacts(tmp_path_factory, smollm2_gguf):
     """Factory: ``smollm2_artifacts("fp16")`` -> path of that build for sm90 (built on first request)."""
     from grokc.compiler.build import BuildOptions, build
+    from grokc.compiler.calibrate import CalibrationOptions
 
+    cheap = CalibrationOptions(samples=4, tokens=256, sequential=False)   # calibrated recipes: tests, not quality
     root = tmp_path_factory.mktemp("smollm2")
     built = {}
 
@@ -71,7 +73,8 @@ def smollm2_artifacts(tmp_path_factory, smollm2_gguf):
         key = f"{quant}-g{group_size}-{'-'.join(archs)}"
         if key not in built:
             build(smollm2_gguf, root / key, BuildOptions(quant=quant, group_size=group_size, archs=archs,
-                                                         batch=4, buckets=(128, 512), max_seq=1024))
+                                                         batch=4, buckets=(128, 512), max_seq=1024,
+                                                         calibration=cheap))
             built[key] = root / key
         return built[key]
 

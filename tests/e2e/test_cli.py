@@ -30,6 +30,9 @@ def assert_one_line_error(result, *fragments: str):
         assert f in lines[0], lines[0]
 
 
+CHEAP_CALIBRATION = ("--calib-samples", "4", "--calib-tokens", "256", "--no-sequential")
+
+
 def hashes(folder: Path) -> dict[str, str]:
     return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file()}
@@ -37,11 +40,13 @@ def hashes(folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, smollm2_gguf):
-    """SmolLM2 built twice by the CLI into different folders, for sm80 and sm90."""
+    """SmolLM2 built twice by the CLI into different folders, for sm80 and sm90 (the default recipe, with a
+    small calibration and quality report to keep the test short; the report is part of the manifest)."""
     root = tmp_path_factory.mktemp("cli")
     outs = []
     for name in ("a", "b"):
-        r = grokc("build", smollm2_gguf, "--arch", "sm80", "--arch", "sm90", "-o", root / name, "--max-seq", "1024")
+        r = grokc("build", smollm2_gguf, "--arch", "sm80", "--arch", "sm90", "-o", root / name, "--max-seq", "1024",
+                  *CHEAP_CALIBRATION, "--quality-tokens", "1024", "--quality-context", "256")
         assert r.exit_code == 0, r.output
         outs.append(root / name)
     return outs
@@ -67,6 +72,7 @@ def test_inspect_shows_the_manifest(built):
     assert r.exit_code == 0
     info = json.loads(r.stdout)
     assert info["archs"] == ["sm80", "sm90"] and info["quant"]["name"] == "int4"
+    assert info["quant"]["quality"]["tokens"] == 1024 and info["quant"]["calibration"]["samples"] == 4
     assert info["model"]["num_layers"] == 30 and info["shapes"]["buckets"] == [128, 512]
     assert set(info["plans"]["sm90"]["graphs"]) == {"prefill_128", "prefill_512", "decode_1", "decode_2", "decode_4"}
     text = grokc("inspect", built[0]).stdout

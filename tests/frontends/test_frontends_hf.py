@@ -109,8 +109,10 @@ def test_rope_scaling_v4_and_v5_spellings(tiny_hf):
 def test_artifact_weights_identical_from_gguf_and_hf_folder(saved_reference, smollm2_gguf, tmp_path):
     """The same weights through either frontend give byte-identical weights in the artifact."""
     from grokc.compiler.build import BuildOptions, build
+    from grokc.compiler.calibrate import CalibrationOptions
 
-    opts = BuildOptions(archs=("sm90",), buckets=(128,), max_seq=512)
+    opts = BuildOptions(archs=("sm90",), buckets=(128,), max_seq=512,   # calibration too must not tell them apart
+                        calibration=CalibrationOptions(samples=4, tokens=256, sequential=False))
     build(smollm2_gguf, tmp_path / "from_gguf", opts)
     build(saved_reference, tmp_path / "from_hf", opts)
     a = (tmp_path / "from_gguf" / "weights.safetensors").read_bytes()

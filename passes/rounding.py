@@ -1,0 +1,79 @@
+"""int4 round-to-nearest: the grid (scale and zero-point per row or group) and the code rule.
+
+Shared by ``quantize.py`` (plain round-to-nearest) and ``gptq.py`` (calibrated rounding), so both
+produce the same kind of ``(codes, scales, zeros)`` for the packed layout of ``artifacts/int4.py``:
+``W[n, k] ~ (code - zero) * scale`` with f16 scales, ``zero = 8`` when symmetric.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def quantize_rtn(w: np.ndarray, group_size: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Round-to-nearest int4 of ``w`` f32 ``[N, K]``: ``(codes u8 [N, K], scales f16 [N, G], zeros f16 [N, G] | None)``.
+
+    The grid is ``int4_grid``'s, the codes ``int4_codes``'. A last group shorter than
+    ``group_size`` is allowed.
+    """
+    n, k = w.shape
+    gs = group_size or k
+    scales, zeros = int4_grid(w, group_size, symmetric)
+    expand = np.arange(k) // gs                             # [K] group of each column
+    codes = int4_codes(w.astype(np.float32), scales[:, expand], None if zeros is None else zeros[:, expand])
+    return codes, scales.astype(np.float16), None if zeros is None else zeros.astype(np.float16)
+
+
+def int4_grid(w: np.ndarray, group_size: int, symmetric: bool,
+              clip: float | np.ndarray = 1.0) -> tuple[np.ndarray, np.ndarray | None]:
+    """The int4 grid of ``w`` f32 ``[N, K]``: ``(scales [N, G], zeros [N, G] | None)``, f32 holding f16 values.
+
+    Symmetric: ``scale = clip * absmax / 7`` (code 8 is zero). Asymmetric: the range
+    ``[clip * min(w, 0), clip * max(w, 0)]`` in 15 steps, ``zero = round(-min / scale)``. Scales are
+    rounded to f16 before the zero-points, so codes computed from them are optimal for the scales
+    the kernel will see. ``clip`` (a scalar, or ``[N, 1]`` / ``[N, G]``) shrinks the range.
+    """
+    n, k = w.shape
+    gs = group_size or k
+    g = -(-k // gs)
+    padded = np.pad(w.astype(np.float32), ((0, 0), (0, g * gs - k)))
+    blocks = padded.reshape(n, g, gs)                       # [N, G, gs]
+    valid = (np.arange(g * gs) < k).reshape(g, gs)          # [G, gs]
+    big = np.float32(np.finfo(np.float32).max)
+    clip = np.float32(clip) if np.isscalar(clip) else np.asarray(clip, np.float32)
+    if symmetric:
+        absmax = np.where(valid, np.abs(blocks), 0).max(-1)             # [N, G]
+        return _f16_scale(clip * absmax / 7), None
+    lo = clip * np.minimum(np.where(valid, blocks, big).min(-1), 0)
+    hi = clip * np.maximum(np.where(valid, blocks, -big).max(-1), 0)
+    scales = _f16_scale((hi - lo) / 15)
+    return scales, np.clip(np.rint(-lo / scales), 0, 15).astype(np.float32)
+
+
+def int4_codes(w: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None) -> np.ndarray:
+    """u8 codes of ``w`` on a grid (``scales``/``zeros`` broadcast against ``w``): the nearest of
+    ``(code - zero) * scale``, with ``zero = 8`` when ``zeros`` is None (symmetric)."""
+    if zeros is None:
+        return (np.clip(np.rint(w / scales), -8, 7) + 8).astype(np.uint8)
+    return np.clip(np.rint(w / scales) + zeros, 0, 15).astype(np.uint8)
+
+
+def _f16_scale(s: np.ndarray) -> np.ndarray:
+    """Scales as the kernel sees them (f16), never zero (an all-zero row keeps scale 1)."""
+    s16 = s.astype(np.float16).astype(np.float32)
+    return np.where(s16 > 0, s16, np.float32(1.0))
+
+
+def int4_nearest(w: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None, out: np.ndarray) -> np.ndarray:
+    """The grid value ``(code - zero) * scale`` nearest each ``w`` (``int4_codes``' rule), f32, written
+    into ``out`` (same shape as ``w``) without temporaries: the inner loop of a scale search."""
+    np.divide(w, scales, out=out)
+    np.rint(out, out=out)
+    if zeros is None:
+        np.clip(out, -8, 7, out=out)
+    else:
+        out += zeros
+        np.clip(out, 0, 15, out=out)
+        out -= zeros
+    out *= scales
+    return out
