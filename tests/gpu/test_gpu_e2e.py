@@ -79,7 +79,7 @@ def test_seeded_sampling_matches_cpu(pair):
 
 
 def test_wrong_arch_is_refused(smollm2_artifacts):
-    path = smollm2_artifacts("int4", archs=("sm80",))
+    path = smollm2_artifacts("fp16", archs=("sm80",))
     with pytest.raises(TargetError, match="rebuild with --arch sm90"):
         Runner(path, device="cuda")
 
