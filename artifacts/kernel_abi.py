@@ -31,9 +31,19 @@ Semantics (fp16 storage, fp32 arithmetic unless stated):
     ``W[n, k] = (code[n, k] - zero[n, k // gs]) * scale[n, k // gs]``.
   - ``attrs["act"]``: ``"none"``: ``NW = N``. ``"silu_mul"``: ``NW = 2N``, rows ``[0, N)`` are the
     gate and ``[N, 2N)`` the up projection: ``y = silu(y[:, :N]) * y[:, N:]``.
+  - when ``addend`` (f32 ``[M, NW]``) is not null it is added to the raw products before the
+    activation: ``y = prologue(x) @ W^T + addend`` (gate and up rows alike); ``sparse_residual``
+    writes it.
   - when ``residual`` (f16 ``[M, N]``) is not null: ``y += residual``. ``out`` may alias
     ``residual``.
   - ``out`` is f16 or f32 by ``attrs["out_dtype"]``.
+
+``sparse_residual``: the f16 corrections a q4 linear keeps beside its codes
+  (``passes/sparse_residual.py``), as a product for that linear's ``addend``: ``out`` f32
+  ``[M, NW]``, ``out[m, n] = sum_{e in [rowptr[n], rowptr[n+1])} vals[e] * xn[m, cols[e]]`` with
+  ``xn = prologue(x)`` of the linear (``x`` f16 ``[M, K]``, RMS-normalised by ``norm`` and ``eps``
+  when ``norm`` is not null) and the correction in CSR form: ``rowptr`` i32 ``[NW + 1]``, ``cols``
+  i32 ``[nnz]`` in ``[0, K)``, ``vals`` f16 ``[nnz]``. A row with no entries gives 0.
 
 ``attention_prefill``: one sequence of ``L`` padded tokens at positions ``0..L-1`` into slot
   ``b = slot[0]``, of which the first ``t_real = n_real[0]`` are real. ``qkv`` f16
@@ -120,8 +130,10 @@ _ATTN_SCALARS = (_i("n_heads"), _i("n_kv_heads"), _i("head_dim"), _i("table_len"
 KERNEL_ABI: dict[str, tuple[Param, ...]] = {
     "embedding": (_p("out"), _p("tokens"), _p("table"), _i("n"), _i("hidden"), _i("vocab")),
     "linear": (_p("out"), _p("x"), _p("weight"), _p("scales", True), _p("zeros", True),
-               _p("norm", True), _p("residual", True),
+               _p("norm", True), _p("residual", True), _p("addend", True),
                _i("M"), _i("N"), _i("K"), _i("group_size"), _f("eps")),
+    "sparse_residual": (_p("out"), _p("x"), _p("norm", True), _p("rowptr"), _p("cols"), _p("vals"),
+                        _i("M"), _i("NW"), _i("K"), _f("eps")),
     "attention_prefill": (_p("out"), _p("qkv"), *_ROPE_AND_CACHE, _p("slot"), _p("n_real"),
                           _i("L"), *_ATTN_SCALARS),
     "attention_decode": (_p("out"), _p("qkv"), *_ROPE_AND_CACHE, _p("positions"), _p("active"),

@@ -95,18 +95,26 @@ def dense_weight(args: dict[str, Any], attrs: Mapping[str, str]) -> np.ndarray:
     return int4.dequantize(packed, scales, zeros, gs)  # [NW, K]
 
 
+def _prologue(args: dict[str, Any], m: int, k: int) -> np.ndarray:
+    """f32 ``[M, K]``: ``x``, RMS-normalised by ``norm`` and ``eps`` when ``norm`` is not null."""
+    x = _arr(args, "x", F16, m, k).astype(F32)                 # [M, K]
+    norm = _opt(args, "norm", F16, k)                          # [K]
+    if norm is not None:
+        inv_rms = F32(1) / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + F32(args["eps"]))  # [M, 1]
+        x = x * inv_rms * norm.astype(F32)
+    return x
+
+
 def linear(args: dict[str, Any], attrs: Mapping[str, str], dense: np.ndarray | None = None) -> None:
     """``out = epilogue(prologue(x) @ W^T)``; ``dense`` is W as f32 ``[NW, K]`` when the caller has it."""
     m, n, k = args["M"], args["N"], args["K"]
     act = _variant(attrs, "linear", "act")
     out_dtype = F16 if _variant(attrs, "linear", "out_dtype") == "f16" else F32
     w = dense_weight(args, attrs) if dense is None else dense  # [NW, K]
-    x = _arr(args, "x", F16, m, k).astype(F32)                 # [M, K]
-    norm = _opt(args, "norm", F16, k)                          # [K]
-    if norm is not None:
-        inv_rms = F32(1) / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + F32(args["eps"]))  # [M, 1]
-        x = x * inv_rms * norm.astype(F32)
-    y = x @ w.T                                                # [M, NW]
+    y = _prologue(args, m, k) @ w.T                            # [M, NW]
+    addend = _opt(args, "addend", F32, m, w.shape[0])          # [M, NW]
+    if addend is not None:
+        y = y + addend
     if act == "silu_mul":
         gate, up = y[:, :n], y[:, n:]                          # gate rows come first
         with np.errstate(over="ignore"):                       # exp(-gate) -> inf gives silu -> -0
@@ -115,6 +123,23 @@ def linear(args: dict[str, Any], attrs: Mapping[str, str], dense: np.ndarray | N
     if residual is not None:
         y = y + residual.astype(F32)                           # read before out is written
     _arr(args, "out", out_dtype, m, n)[...] = y
+
+
+def sparse_residual(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
+    """``out[m, n] = sum over row n of the CSR of vals * prologue(x)[m, cols]`` (f32 ``[M, NW]``)."""
+    m, nw, k = args["M"], args["NW"], args["K"]
+    rowptr = _arr(args, "rowptr", I32, nw + 1).astype(np.int64)   # [NW + 1]
+    nnz = int(rowptr[-1])
+    if rowptr[0] != 0 or np.any(np.diff(rowptr) < 0):
+        raise ArtifactError("sparse_residual: rowptr must start at 0 and never decrease; rebuild the artifact")
+    cols = _arr(args, "cols", I32, nnz).astype(np.int64)          # [nnz]
+    if nnz and (cols.min() < 0 or cols.max() >= k):
+        raise ArtifactError(f"sparse_residual: a column lies outside [0, {k}); rebuild the artifact")
+    vals = _arr(args, "vals", F16, nnz).astype(F32)               # [nnz]
+    rows = np.repeat(np.arange(nw), np.diff(rowptr))              # [nnz] output row of each entry
+    terms = _prologue(args, m, k)[:, cols] * vals                 # [M, nnz]
+    flat = (np.arange(m)[:, None] * nw + rows).reshape(-1)        # [M * nnz] index into out
+    _arr(args, "out", F32, m, nw)[...] = np.bincount(flat, terms.reshape(-1), m * nw).reshape(m, nw)
 
 
 def take_last(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
@@ -295,6 +320,7 @@ def fill_synthetic(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
 OPS: dict[str, Callable[[dict[str, Any], dict[str, str]], None]] = {
     "embedding": embedding,
     "linear": linear,
+    "sparse_residual": sparse_residual,
     "attention_prefill": attention_prefill,
     "attention_decode": attention_decode,
     "take_last": take_last,

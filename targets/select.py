@@ -1,6 +1,6 @@
 """Kernel selection: one ordered rule list per op, assembled from the rule modules.
 
-Each rule module (``rules_linear``, ``rules_attention``, ``rules_misc``) exports
+Each rule module (``rules_linear``, ``rules_attention``, ``rules_misc``, ``rules_sparse``) exports
 
 - ``RULES``: op -> rules in order, fallback last; a rule is ``(KernelCall, Target) ->
   KernelChoice | None`` and answers None when it does not apply;
@@ -24,10 +24,10 @@ from types import ModuleType
 
 from grokc.artifacts.errors import TargetError, UnsupportedOp
 
-from . import rules_attention, rules_linear, rules_misc, rules_synthetic
+from . import rules_attention, rules_linear, rules_misc, rules_sparse, rules_synthetic
 from .base import KernelCall, KernelChoice, KernelRule, Target
 
-MODULES: tuple[ModuleType, ...] = (rules_linear, rules_attention, rules_misc, rules_synthetic)
+MODULES: tuple[ModuleType, ...] = (rules_linear, rules_attention, rules_misc, rules_sparse, rules_synthetic)
 
 
 def _assemble() -> dict[str, list[KernelRule]]:
@@ -64,4 +64,4 @@ def owner(symbol: str) -> tuple[ModuleType, str]:
         src = mod.kernel_source(symbol)
         if src is not None:
             return mod, src
-    raise TargetError(f"unknown kernel symbol '{symbol}'; no rule module (linear, attention, misc, synthetic) defines it")
+    raise TargetError(f"unknown kernel symbol '{symbol}'; no rule module (linear, attention, misc, sparse, synthetic) defines it")

@@ -20,11 +20,23 @@ __device__ __forceinline__ void store(void* out, size_t i, float v, bool f32) {
         static_cast<__half*>(out)[i] = __float2half_rn(v);
 }
 
+// addend[m, row] (f32 [M, NW], NW = 2N for silu_mul), or 0 when there is none: the sparse f16
+// residual's product (kernel_abi "sparse_residual"), added to a row's finished dot product.
+template <int ACT>
+__device__ __forceinline__ float addend_at(const float* addend, int m, int row, int N) {
+    if (addend == nullptr) return 0.f;
+    const int nw = (ACT == SILU_MUL) ? 2 * N : N;
+    return addend[static_cast<size_t>(m) * nw + row];
+}
+
 // The last step every kernel shares, for one output element (m, n) whose raw dot products are
-// `gate` (and `up` for silu_mul), each already multiplied by its row scale and rms factor.
+// `gate` (and `up` for silu_mul), each already multiplied by its row scale and rms factor; the
+// addend of each row joins them before the activation.
 template <int ACT, bool OUT_F32>
-__device__ __forceinline__ void finish(void* out, const __half* residual, int m, int n, int N, float gate,
-                                       float up) {
+__device__ __forceinline__ void finish(void* out, const __half* residual, const float* addend, int m, int n, int N,
+                                       float gate, float up) {
+    gate += addend_at<ACT>(addend, m, n, N);
+    if (ACT == SILU_MUL) up += addend_at<ACT>(addend, m, N + n, N);
     float v = (ACT == SILU_MUL) ? silu(gate) * up : gate;
     const size_t i = static_cast<size_t>(m) * N + n;
     if (residual != nullptr) v += __half2float(residual[i]);  // out may alias residual: read first
@@ -39,6 +51,6 @@ __device__ __forceinline__ void finish(void* out, const __half* residual, int m,
 #define GROKC_LINEAR_PARAMS                                                                         \
     void *out, const __half *__restrict__ x, const void *__restrict__ weight,                       \
         const __half *__restrict__ scales, const __half *__restrict__ zeros,                        \
-        const __half *__restrict__ norm, const __half *residual, int M, int N, int K, int group_size, \
-        float eps
-#define GROKC_LINEAR_ARGS out, x, weight, scales, zeros, norm, residual, M, N, K, group_size, eps
+        const __half *__restrict__ norm, const __half *residual, const float *__restrict__ addend,    \
+        int M, int N, int K, int group_size, float eps
+#define GROKC_LINEAR_ARGS out, x, weight, scales, zeros, norm, residual, addend, M, N, K, group_size, eps

@@ -261,7 +261,7 @@ __device__ __forceinline__ void linear_gemm_body(GROKC_LINEAR_PARAMS) {
                             up *= __half2float(scales[N + n]);
                         }
                     }
-                    finish<ACT, OUT_F32>(out, residual, m, n, N, gate * rs, up * rs);
+                    finish<ACT, OUT_F32>(out, residual, addend, m, n, N, gate * rs, up * rs);
                 }
         }
 }

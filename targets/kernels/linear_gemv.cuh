@@ -242,7 +242,7 @@ __device__ __forceinline__ void linear_gemv_body(GROKC_LINEAR_PARAMS) {
             gate *= __half2float(scales[n]);
             if (ACT == SILU_MUL) up *= __half2float(scales[N + n]);
         }
-        finish<ACT, OUT_F32>(out, residual, m, n, N, gate * rs, up * rs);
+        finish<ACT, OUT_F32>(out, residual, addend, m, n, N, gate * rs, up * rs);
     }
 }
 

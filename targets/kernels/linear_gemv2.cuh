@@ -417,17 +417,18 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
                 const size_t o = static_cast<size_t>(m) * N;
                 if (ACT == SILU_MUL) {
                     if (!row_ok_lo(j)) continue;
-                    float v = silu(c[h] * sc_lo[j] * rs) * (c[2 + h] * sc_hi[j] * rs);
+                    float v = silu(c[h] * sc_lo[j] * rs + addend_at<ACT>(addend, m, out_n[j], N)) *
+                              (c[2 + h] * sc_hi[j] * rs + addend_at<ACT>(addend, m, N + out_n[j], N));
                     if (residual != nullptr) v += __half2float(res[4 * j + 2 * h]);
                     store(out, o + out_n[j], v, OUT_F32);
                 } else {
                     if (row_ok_lo(j)) {
-                        float v = c[h] * sc_lo[j] * rs;
+                        float v = c[h] * sc_lo[j] * rs + addend_at<ACT>(addend, m, out_n[j], N);
                         if (residual != nullptr) v += __half2float(res[4 * j + 2 * h]);
                         store(out, o + out_n[j], v, OUT_F32);
                     }
                     if (row_ok_hi(j)) {
-                        float v = c[2 + h] * sc_hi[j] * rs;
+                        float v = c[2 + h] * sc_hi[j] * rs + addend_at<ACT>(addend, m, out_n[j] + 8, N);
                         if (residual != nullptr) v += __half2float(res[4 * j + 2 * h + 1]);
                         store(out, o + out_n[j] + 8, v, OUT_F32);
                     }
@@ -463,7 +464,9 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
                 if (ACT == SILU_MUL) up += r[a + 8];
             }
             const float rs = rms(m);
-            float v = ACT == SILU_MUL ? silu(gate * rs) * (up * rs) : gate * rs;
+            gate = gate * rs + addend_at<ACT>(addend, m, n, N);
+            if (ACT == SILU_MUL) up = up * rs + addend_at<ACT>(addend, m, N + n, N);
+            float v = ACT == SILU_MUL ? silu(gate) * up : gate;
             if (residual != nullptr) v += __half2float(res[i]);
             store(out, static_cast<size_t>(m) * N + n, v, OUT_F32);
         }

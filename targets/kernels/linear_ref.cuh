@@ -59,7 +59,7 @@ __device__ __forceinline__ void linear_ref(GROKC_LINEAR_PARAMS) {
         gate = fmaf(xv, weight_at<WF>(weight, scales, zeros, n, k, K, group_size), gate);
         if (ACT == SILU_MUL) up = fmaf(xv, weight_at<WF>(weight, scales, zeros, N + n, k, K, group_size), up);
     }
-    finish<ACT, OUT_F32>(out, residual, m, n, N, gate, up);
+    finish<ACT, OUT_F32>(out, residual, addend, m, n, N, gate, up);
 }
 
 }  // namespace ref

@@ -13,7 +13,8 @@ the f16 weights (one more 2**-11 rounding per weight). Also ``max |got - want| <
 rms(want)``, so a few badly wrong elements cannot hide in the norm.
 
 Covered: every family (gemv2 M <= 8, gemv M <= 16, gemm, the fp32 fallback), f16 / int4 per-channel / with
-zeros / groups of 32 and 128, none / silu_mul, f16 / f32 out, with and without norm and residual,
+zeros / groups of 32 and 128, none / silu_mul, f16 / f32 out, with and without norm, residual and
+``addend`` (the sparse residual's f32 product, added before the activation),
 ``out`` aliasing ``residual``, odd shapes (K = 576, N not a multiple of any tile, M = 1, 3, 8, 16,
 17, 100, 130, multi-slab staging at M = 16, K = 8192), and each GEMV / GEMM tiling the bench
 sweeps; gemv2 tilings at every M = 1..8, with K tails (K = 576, 40) and partial row groups.
@@ -66,12 +67,13 @@ def seeded(*key) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
-def make_case(rng, m: int, n: int, k: int, fmt: str, act: str, out: str, norm: bool, residual: bool) -> tuple:
+def make_case(rng, m: int, n: int, k: int, fmt: str, act: str, out: str, norm: bool, residual: bool,
+              addend: bool = False) -> tuple:
     """(args, attrs) for one launch: kernel_abi parameter name -> numpy array / scalar / None."""
     wf, gs, zeros = FORMATS[fmt]
     nw = 2 * n if act == "silu_mul" else n
     args = {"x": rng.standard_normal((m, k)).astype(F16), "scales": None, "zeros": None, "norm": None,
-            "residual": None, "M": m, "N": n, "K": k, "group_size": gs, "eps": 1e-5}
+            "residual": None, "addend": None, "M": m, "N": n, "K": k, "group_size": gs, "eps": 1e-5}
     if wf == "f16":
         args["weight"] = (rng.standard_normal((nw, k)) / np.sqrt(k)).astype(F16)
     else:
@@ -84,6 +86,8 @@ def make_case(rng, m: int, n: int, k: int, fmt: str, act: str, out: str, norm: b
         args["norm"] = rng.uniform(0.5, 1.5, k).astype(F16)
     if residual:
         args["residual"] = rng.standard_normal((m, n)).astype(F16)
+    if addend:  # about a third of the products' size, gate and up rows alike
+        args["addend"] = (0.3 * rng.standard_normal((m, nw))).astype(F32)
     args["out"] = np.full((m, n), np.nan, F16 if out == "f16" else F32)
     return args, {"weight_format": wf, "act": act, "out_dtype": out}
 
@@ -112,7 +116,7 @@ def choose(args: dict, attrs: dict, sm: int):
 # -- the cases ---------------------------------------------------------------------------------
 
 def _cases() -> list[tuple]:
-    """Each shape x format x act, with out dtype, norm and residual rotating so all combine."""
+    """Each shape x format x act, with out dtype, norm, residual and addend rotating so all combine."""
     cases = []
     for i, ((m, n, k), fmt, act) in enumerate(
             (s, f, a) for s in SHAPES for f in FORMATS for a in ("none", "silu_mul")):
@@ -121,7 +125,8 @@ def _cases() -> list[tuple]:
         out = ("f16", "f32")[i % 2]
         norm = (i // 2) % 2 == 0
         residual = (i // 4) % 2 == 0
-        cases.append((m, n, k, fmt, act, out, norm, residual))
+        addend = (i // 8) % 2 == 1
+        cases.append((m, n, k, fmt, act, out, norm, residual, addend))
     return cases
 
 
@@ -163,7 +168,8 @@ def _gemv2_variant_cases() -> list[tuple]:
             kwf = "f16" if wf == "f16" else ("q4g" if gs else "q4")
             v = rules_linear.Gemv2(kwf, "silu" if act == "silu_mul" else "none", out, r, ks, wn, d, pf, nl, b)
             m = 1 + (i + 3 * j) % 8
-            cases.append((v, m, n, k, fmt, act, out, nl == 1 or (i + j) % 2 == 0, (i + j) % 3 != 0))
+            cases.append((v, m, n, k, fmt, act, out, nl == 1 or (i + j) % 2 == 0, (i + j) % 3 != 0,
+                          (i + 2 * j) % 3 == 0))
     return cases
 
 
@@ -217,7 +223,7 @@ def _run(cubins, kernel, grid, block, smem, args) -> np.ndarray:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_selected_kernel(case, cubins, sm):
-    m, n, k, fmt, act, out, norm, residual = case
+    m, n, k, fmt, act, out, norm, residual, addend = case
     args, attrs = make_case(seeded(case), *case)
     choice = choose(args, attrs, sm)
     want = oracle(args, attrs)
@@ -228,7 +234,7 @@ def test_selected_kernel(case, cubins, sm):
 @pytest.mark.parametrize("case", GEMV_CASES, ids=lambda c: f"{c[0].symbol}-M{c[1]}")
 def test_gemv_tilings(case, cubins, sm):
     v, m, n, k, fmt, act, out = case
-    args, attrs = make_case(seeded(v.symbol, m), m, n, k, fmt, act, out, True, True)
+    args, attrs = make_case(seeded(v.symbol, m), m, n, k, fmt, act, out, True, True, True)
     if v.smem(m, k) > get_target(f"sm{sm}").smem_per_block:
         pytest.skip("does not fit this GPU's shared memory")
     got = _run(cubins, v.symbol, (v.blocks(n), 1, 1), (v.threads, 1, 1), v.smem(m, k), args)
@@ -237,18 +243,19 @@ def test_gemv_tilings(case, cubins, sm):
 
 @pytest.mark.parametrize("case", GEMV2_CASES, ids=lambda c: f"{c[0].symbol}-M{c[1]}-N{c[2]}-K{c[3]}-{c[4]}")
 def test_gemv2_tilings(case, cubins, sm):
-    v, m, n, k, fmt, act, out, norm, residual = case
-    args, attrs = make_case(seeded(v.symbol, m, n, k, fmt), m, n, k, fmt, act, out, norm, residual)
+    v, m, n, k, fmt, act, out, norm, residual, addend = case
+    args, attrs = make_case(seeded(v.symbol, m, n, k, fmt), m, n, k, fmt, act, out, norm, residual, addend)
     if v.smem(m, k) > get_target(f"sm{sm}").smem_per_block:
         pytest.skip("does not fit this GPU's shared memory")
     got = _run(cubins, v.symbol, (v.blocks(n), 1, 1), (v.threads, 1, 1), v.smem(m, k), args)
-    check(got, oracle(args, attrs), TOL[fmt], f"{v.symbol} M={m} N={n} K={k} {fmt} norm={norm} residual={residual}")
+    check(got, oracle(args, attrs), TOL[fmt],
+          f"{v.symbol} M={m} N={n} K={k} {fmt} norm={norm} residual={residual} addend={addend}")
 
 
 @pytest.mark.parametrize("case", GEMM_CASES, ids=lambda c: c[0].symbol)
 def test_gemm_tilings(case, cubins, sm):
     v, m, n, k, fmt, act, out = case
-    args, attrs = make_case(seeded(v.symbol, m), m, n, k, fmt, act, out, True, True)
+    args, attrs = make_case(seeded(v.symbol, m), m, n, k, fmt, act, out, True, True, True)
     if v.smem() > get_target(f"sm{sm}").smem_per_block:
         pytest.skip("does not fit this GPU's shared memory")
     got = _run(cubins, v.symbol, v.grid(m, n), (v.threads, 1, 1), v.smem(), args)

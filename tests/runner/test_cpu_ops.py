@@ -72,7 +72,7 @@ def test_linear(weight, act, norm, residual, out_dtype):
     m, n, eps = 5, 24, 1e-5
     nw = 2 * n if act == "silu_mul" else n
     x = gen.standard_normal((m, k)).astype(F16)
-    args = dict(x=x, scales=None, zeros=None, norm=None, residual=None, M=m, N=n, K=k,
+    args = dict(x=x, scales=None, zeros=None, norm=None, residual=None, addend=None, M=m, N=n, K=k,
                 group_size=gs, eps=eps)
     if fmt == "f16":
         args["weight"] = (0.1 * gen.standard_normal((nw, k))).astype(F16)
@@ -110,12 +110,74 @@ def test_linear(weight, act, norm, residual, out_dtype):
 
 def test_linear_rejects_unknown_variant_and_wrong_dtype():
     x, w, out = np.ones((1, 8), F16), np.ones((4, 8), F16), np.zeros((1, 4), F16)
-    args = dict(out=out, x=x, weight=w, scales=None, zeros=None, norm=None, residual=None,
+    args = dict(out=out, x=x, weight=w, scales=None, zeros=None, norm=None, residual=None, addend=None,
                 M=1, N=4, K=8, group_size=0, eps=1e-5)
     with pytest.raises(ArtifactError, match="weight_format"):
         OPS["linear"](args, {"weight_format": "q3"})
     with pytest.raises(ArtifactError, match="'x'"):
         OPS["linear"]({**args, "x": x.astype(F32)}, {})
+
+
+# -- sparse_residual and the linear's addend ----------------------------------------------------
+
+def ref_csr(rowptr, cols, vals, nw: int, k: int) -> np.ndarray:
+    """The CSR as a dense float64 ``[NW, K]``, one entry at a time."""
+    dense = np.zeros((nw, k))
+    for r in range(nw):
+        for e in range(int(rowptr[r]), int(rowptr[r + 1])):
+            dense[r, int(cols[e])] += float(vals[e])
+    return dense
+
+
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("act", ["none", "silu_mul"])
+def test_sparse_residual_then_linear_equals_the_corrected_dense_weight(act, norm, m):
+    """sparse_residual's product as the linear's addend gives prologue(x) @ (Wq + S)^T, S the CSR."""
+    gen = np.random.default_rng(3)
+    n, k, eps = 12, 32, 1e-5
+    nw = 2 * n if act == "silu_mul" else n
+    x = gen.standard_normal((m, k)).astype(F16)
+    packed = gen.integers(0, 256, (nw, k // 2), dtype=np.uint8)
+    scales = gen.uniform(0.01, 0.05, (nw, 1)).astype(F16)
+    wq = (ref_unpack(packed) - 8.0) * scales.astype(np.float64)          # [NW, K]
+    mask = gen.random((nw, k)) < 0.1
+    mask[0] = False                                                      # an empty row
+    mask[nw - 1] = True                                                  # a full row
+    rows, cols = np.nonzero(mask)
+    rowptr = np.concatenate([[0], np.cumsum(mask.sum(1))]).astype(I32)
+    vals = (0.2 * gen.standard_normal(rows.size)).astype(F16)
+    g = (1 + 0.2 * gen.standard_normal(k)).astype(F16) if norm else None
+    res = gen.standard_normal((m, n)).astype(F16)
+
+    xr = t64(x)
+    if norm:
+        xr = xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + eps) * t64(g)
+    s_ref = ref_csr(rowptr, cols, vals, nw, k)
+    delta_ref = xr @ t64(s_ref).T                                        # [M, NW]
+    y = xr @ t64(wq + s_ref).T
+    if act == "silu_mul":
+        y = F.silu(y[:, :n]) * y[:, n:]
+    y = y + t64(res)
+
+    delta = np.full((m, nw), np.nan, F32)
+    OPS["sparse_residual"](dict(out=delta, x=x, norm=g, rowptr=rowptr, cols=cols.astype(I32), vals=vals,
+                                M=m, NW=nw, K=k, eps=eps), {})
+    np.testing.assert_allclose(delta, delta_ref.numpy(), rtol=1e-5, atol=1e-6)
+    assert np.all(delta[:, 0] == 0)
+    out = np.full((m, n), np.nan, F32)
+    OPS["linear"](dict(out=out, x=x, weight=packed, scales=scales, zeros=None, norm=g, residual=res, addend=delta,
+                       M=m, N=n, K=k, group_size=0, eps=eps), {"weight_format": "q4", "act": act, "out_dtype": "f32"})
+    np.testing.assert_allclose(out, y.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_residual_rejects_a_malformed_csr():
+    base = dict(out=np.zeros((1, 2), F32), x=np.ones((1, 8), F16), norm=None, cols=np.array([1, 9], I32),
+                vals=np.ones(2, F16), M=1, NW=2, K=8, eps=0.0)
+    with pytest.raises(ArtifactError, match="column"):
+        OPS["sparse_residual"]({**base, "rowptr": np.array([0, 1, 2], I32)}, {})
+    with pytest.raises(ArtifactError, match="rowptr"):
+        OPS["sparse_residual"]({**base, "rowptr": np.array([0, 2, 1], I32)}, {})
 
 
 # -- embedding, take_last ----------------------------------------------------------------------
@@ -452,7 +514,7 @@ def tiny_plan(op: str = "embedding") -> tuple[Plan, dict[str, np.ndarray]]:
         Launch("linear", "k_lin", (1, 1, 1), (32, 1, 1), 0, node="head",
                attrs={"weight_format": "q4", "act": "none", "out_dtype": "f32"},
                args=_args("linear", out="buf:y", x="buf:x", weight="w:w", scales="w:s", zeros=None,
-                          norm="w:g", residual=None, M=4, N=8, K=16, group_size=0, eps=1e-5)),
+                          norm="w:g", residual=None, addend=None, M=4, N=8, K=16, group_size=0, eps=1e-5)),
     )
     return Plan("cpu", 1024, buffers, {"g": GraphPlan("g", 4, launches, "y")}), weights
 

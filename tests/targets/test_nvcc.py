@@ -127,3 +127,15 @@ def test_compile_error_names_arch_and_first_error(monkeypatch):
     with pytest.raises(TargetError, match=r"nvcc failed for sm_80 .*undefined_thing") as err:
         build_cubin(["linear_ref_q4_none_f16"], get_target("sm80"))
     assert "\n" not in str(err.value)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm80", "sm90"])
+def test_sparse_residual_kernels_compile(arch: str):
+    symbols = ["sparse_residual_m1", "sparse_residual_m2", "sparse_residual_m4", "sparse_residual_m8",
+               "sparse_residual_g"]
+    target = get_target(arch)
+    cubin = build_cubin(symbols, target)
+    assert elf_arch(cubin) == (EM_CUDA, target.sm)
+    for sym in symbols:
+        assert sym.encode() + b"\0" in cubin
