@@ -41,6 +41,7 @@ class BuildOptions:
     group_size: int | None = None     # None: the recipe's own (per output channel for int4)
     symmetric: bool | None = None     # None: the recipe's own
     lm_head: str | None = None        # "fp16" or "int4"; None: the recipe's own (fp16)
+    fp16_residual: float | None = None  # fraction of int4 weights kept as f16 corrections; None: the recipe's (0)
     batch: int = 4
     buckets: tuple[int, ...] = (128, 512)
     max_seq: int = 2048
@@ -70,7 +71,7 @@ class BuildOptions:
         if self.lm_head not in (None, *_HEAD_FORMATS):
             raise BuildOptionError(f"unknown --lm-head '{self.lm_head}'; choose one of: {', '.join(_HEAD_FORMATS)}")
         overrides = {"group_size": self.group_size, "symmetric": self.symmetric,
-                     "lm_head": _HEAD_FORMATS.get(self.lm_head)}
+                     "lm_head": _HEAD_FORMATS.get(self.lm_head), "fp16_residual": self.fp16_residual}
         recipe = replace(QUANT[self.quant], **{k: v for k, v in overrides.items() if v is not None})
         return CompileOptions(StaticShapes(self.batch, tuple(self.buckets), self.max_seq, self.kv_blocks), recipe)
 
@@ -100,6 +101,9 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
         if opts.quality_tokens:
             raise BuildOptionError("--synthetic-weights builds have no source weights to measure quality against; "
                                    "set --quality-tokens 0")
+        if copts.quant.fp16_residual:
+            raise BuildOptionError("--fp16-residual needs real weights to correct; --synthetic-weights builds "
+                                   "cannot keep one (drop --fp16-residual)")
         copts = replace(copts, quant=copts.quant.uncalibrated())  # random codes are filled at load: layout only
     elif copts.quant.calibrated:
         t1 = time.perf_counter()

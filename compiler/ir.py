@@ -68,6 +68,8 @@ class OpKind(enum.Enum):
     # Introduced by passes/static_shapes.py.
     TAKE_LAST = "take_last"        # x [L, H], n_real [1]                     -> [1, H]
     SAMPLE = "sample"              # logits [M, V] + slot state               -> (state updates)
+    # Introduced by passes/sparse_residual.py.
+    SPARSE_RESIDUAL = "sparse_residual"  # x [T, K], rowptr/cols/vals (+ norm)  -> [T, NW] f32
 
 
 class WeightFormat(enum.Enum):
@@ -100,13 +102,24 @@ class RmsNormAttrs:
 @dataclass(frozen=True)
 class LinearAttrs:
     """``weight_format`` and ``group_size`` describe the stored weight; ``norm_eps`` is set when an
-    RMSNorm is fused in front (input role ``norm``); ``residual`` is an optional input role."""
+    RMSNorm is fused in front (input role ``norm``); ``residual`` is an optional input role, and so
+    are a q4 weight's sparse f16 correction (``residual_rowptr``/``_cols``/``_vals``, from
+    ``passes/quantize.py``) and ``addend`` (f32 ``[T, NW]`` added to the products, from
+    ``passes/sparse_residual.py``)."""
 
     weight_format: WeightFormat = WeightFormat.F32
     group_size: int = 0  # 0: one scale per output channel
     act: Act = Act.NONE
     norm_eps: float | None = None
     out_dtype: DType = DType.F16
+
+
+@dataclass(frozen=True)
+class SparseResidualAttrs:
+    """The prologue of the LINEAR whose ``addend`` this node computes: ``norm_eps`` is set when the
+    node reads that linear's fused RMSNorm (input role ``norm``)."""
+
+    norm_eps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -129,7 +142,7 @@ class AttentionAttrs:
     fused_rope: bool = False
 
 
-Attrs = Union[NoAttrs, RmsNormAttrs, LinearAttrs, RopeAttrs, AttentionAttrs]
+Attrs = Union[NoAttrs, RmsNormAttrs, LinearAttrs, SparseResidualAttrs, RopeAttrs, AttentionAttrs]
 
 
 @dataclass(frozen=True)

@@ -75,12 +75,21 @@ def _linear(m: Module, g: Graph, n: Node):
         "out": n.outputs[0], "x": n.inputs["x"],
         "weight": n.inputs["qweight" if q4 else "weight"], "scales": n.inputs.get("scales"),
         "zeros": n.inputs.get("zeros"), "norm": n.inputs.get("norm"), "residual": n.inputs.get("residual"),
+        "addend": n.inputs.get("addend"),
     }
     attrs = {"weight_format": a.weight_format.value, "act": a.act.value,
              "out_dtype": "f32" if out.dtype.value == "float32" else "f16"}
     dims = {"M": x.shape[0], "N": out.shape[1], "K": x.shape[1], "group_size": a.group_size,
             "eps": a.norm_eps if a.norm_eps is not None else 0.0}
     return "linear", attrs, refs, dims
+
+
+def _sparse_residual(m: Module, g: Graph, n: Node):
+    x = g.tensors[n.inputs["x"]] if n.inputs["x"] in g.tensors else m.state[n.inputs["x"]]
+    rows, nw = g.tensors[n.outputs[0]].shape
+    refs = {"out": n.outputs[0], **{r: n.inputs.get(r) for r in ("x", "norm", "rowptr", "cols", "vals")}}
+    dims = {"M": rows, "NW": nw, "K": x.shape[1], "eps": n.attrs.norm_eps if n.attrs.norm_eps is not None else 0.0}
+    return "sparse_residual", {}, refs, dims
 
 
 def _attention(m: Module, g: Graph, n: Node):
@@ -112,6 +121,7 @@ def _sample(m: Module, g: Graph, n: Node):
 _OPS = {
     OpKind.EMBEDDING: _embedding,
     OpKind.LINEAR: _linear,
+    OpKind.SPARSE_RESIDUAL: _sparse_residual,
     OpKind.ATTENTION: _attention,
     OpKind.TAKE_LAST: _take_last,
     OpKind.SAMPLE: _sample,

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from grokc.passes import fuse_attention, fuse_epilogues, fuse_mlp, memory_plan, quantize, rope_table, static_shapes
+from grokc.passes import (fuse_attention, fuse_epilogues, fuse_mlp, memory_plan, quantize, rope_table,
+                          sparse_residual, static_shapes)
 from grokc.passes.quantize import Calibration, QuantRecipe
 from grokc.passes.rope_table import RopeTableConfig
 from grokc.passes.static_shapes import StaticShapes
@@ -26,6 +27,7 @@ class CompileOptions:
 
 def passes(opts: CompileOptions) -> list[tuple[str, Callable[[Module], Module]]]:
     """The pipeline, in order; each entry is (name recorded in the manifest, pure Module -> Module)."""
+    residual = [("sparse_residual", sparse_residual.run)] if opts.quant.fp16_residual else []
     return [
         ("fuse_attention", fuse_attention.run),
         ("fuse_mlp", fuse_mlp.run),
@@ -33,6 +35,7 @@ def passes(opts: CompileOptions) -> list[tuple[str, Callable[[Module], Module]]]
         ("rope_table", lambda m: rope_table.run(m, RopeTableConfig(length=opts.shapes.max_seq))),
         ("quantize", lambda m: quantize.run(m, opts.quant, opts.calibration)),
         ("static_shapes", lambda m: static_shapes.run(m, opts.shapes)),
+        *residual,                      # only when asked for: builds without it keep their bytes
         ("memory_plan", memory_plan.run),
     ]
 

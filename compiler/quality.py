@@ -8,8 +8,8 @@ measured in one of two ways:
   decode graph (``Engine.score``), so what is measured is exactly what the runner computes, f16
   activations included; one decode step per token, so slow (minutes for 4096 tokens).
 - ``build_report`` (``grokc build``): the same torch Llama in float32 on the weights the module
-  stores (int4 codes dequantized, everything else f16-rounded): what the weight recipe costs, one
-  forward per window (seconds). On SmolLM2 the two agree to about 0.1 % in perplexity.
+  stores (int4 codes dequantized plus any fp16 residual, everything else f16-rounded): what the
+  weight recipe costs, one forward per window (seconds). On SmolLM2 the two agree to about 0.1 % in perplexity.
 
 Text: the standard library's ``pydoc_data.topics`` (English prose shipped with Python), split by
 topic: sorted by name, the topics at even positions are the evaluation split, those at odd
@@ -30,6 +30,7 @@ from grokc.artifacts.errors import ArtifactError
 from grokc.artifacts.store import open_artifact
 
 from grokc.artifacts import int4
+from grokc.passes import sparse_residual
 
 from . import names
 from .config import ModelConfig
@@ -95,7 +96,7 @@ _FUSED = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate"
 
 def stored_weights(module: Module) -> dict[str, np.ndarray]:
     """Canonically named f32 weights as a quantized ``module`` stores them: every LINEAR's matrix as
-    the kernels see it (int4 dequantized), fused ones split back, norms and embeddings as stored."""
+    the kernels see it (int4 dequantized, plus its fp16 residual), fused ones split back, norms and embeddings as stored."""
     cfg = module.config
     g = next(iter(module.graphs.values()))
     out: dict[str, np.ndarray] = {}
@@ -124,8 +125,11 @@ def _dense(module: Module, n: Node) -> np.ndarray:
     p = module.params
     if n.attrs.weight_format is WeightFormat.Q4:
         zeros = n.inputs.get("zeros")
-        return int4.dequantize(p[n.inputs["qweight"]], p[n.inputs["scales"]], None if zeros is None else p[zeros],
-                               n.attrs.group_size)
+        w = int4.dequantize(p[n.inputs["qweight"]], p[n.inputs["scales"]], None if zeros is None else p[zeros],
+                            n.attrs.group_size)
+        base = n.inputs["qweight"].removesuffix(".qweight")
+        csr = [f"{base}.{role}" for role in sparse_residual.ROLES]    # the fp16 residual, when kept
+        return sparse_residual.scatter(w, *(p[c] for c in csr)) if csr[0] in p else w
     return np.asarray(p[n.inputs["weight"]], np.float32)
 
 

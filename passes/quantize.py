@@ -2,7 +2,10 @@
 
 What: every LINEAR weight becomes either f16 or packed int4 (``artifacts/int4.py``) with one f16
 scale per output channel (``group_size == 0``) or per group of ``group_size`` input channels,
-symmetric (code 8 is zero) or asymmetric (an f16 zero-point per scale). The codes come from
+symmetric (code 8 is zero) or asymmetric (an f16 zero-point per scale), optionally with a sparse
+f16 residual: the ``fp16_residual`` fraction of the entries the grid serves worst, kept exact
+beside the codes (after round-to-nearest: ``sparse_residual.select``; inside GPTQ's column loop,
+so later columns compensate the rest: ``gptq.quantize_gptq_residual``). The codes come from
 round-to-nearest (``rounding.py``) or from GPTQ's calibrated rounding (``gptq.py``), which needs
 the second moments of every linear's inputs (``Calibration``, measured by the driver in
 ``compiler/calibrate.py``; this pass never runs the model). The LM head (the LINEAR whose output
@@ -14,7 +17,9 @@ Requires: unquantized (f32) parameters; run after the fusion passes that concate
 gate/up weights share their input and so their Hessian, ``names.input_key``).
 Guarantees: LINEAR attrs carry ``weight_format`` and ``group_size``; a q4 LINEAR's inputs are
 ``qweight``, ``scales`` and optionally ``zeros`` instead of ``weight`` (the LM head's are named
-``output.*``); ``meta["quant"]`` records the recipe and how it was calibrated. Deterministic: the
+``output.*``), plus ``residual_rowptr``, ``residual_cols`` and ``residual_vals`` (weights
+``<base>.residual_*``) when the recipe keeps a residual; ``meta["quant"]`` records the recipe
+and how it was calibrated. Deterministic: the
 same weights and statistics give the same bytes.
 Not handled: int8 activations; int8 weights; a quantized embedding table (the ``embedding`` op
 reads f16).
@@ -35,8 +40,13 @@ from grokc.compiler import names
 from grokc.compiler.ir import Module, Node, OpKind, WeightFormat, frozen_array
 
 from ._graph import rebuild_graph, rebuild_module
-from .gptq import quantize_gptq
+from . import sparse_residual
+from .gptq import quantize_gptq_residual
 from .rounding import quantize_rtn
+
+# Largest --fp16-residual: each kept entry costs 6 bytes (i32 column, f16 value), so at 10% the
+# residual already outweighs the int4 codes it corrects (0.6 vs 0.5 bytes per weight).
+MAX_RESIDUAL = 0.1
 
 
 class Rounding(enum.Enum):
@@ -57,6 +67,7 @@ class QuantRecipe:
     clip_search: bool = False            # GPTQ per channel: shrink each row's range where that lowers the error
     damp: float = 0.01                   # GPTQ: fraction of the mean Hessian diagonal added to it
     lm_head: WeightFormat = WeightFormat.F16
+    fp16_residual: float = 0.0           # fraction of each int4 weight's entries kept as f16 corrections
 
     def __post_init__(self) -> None:
         if self.weight_format not in (WeightFormat.F16, WeightFormat.Q4):
@@ -76,6 +87,12 @@ class QuantRecipe:
                                    "(static group scales)")
         if not 0 < self.damp < 1:
             raise BuildOptionError(f"quantization '{self.name}': damp {self.damp} must lie in (0, 1)")
+        if not 0 <= self.fp16_residual <= MAX_RESIDUAL:
+            raise BuildOptionError(f"--fp16-residual {self.fp16_residual:.4g} is outside [0, {MAX_RESIDUAL:.0%}]; "
+                                   "use a small fraction of the weights such as 0.5% (0 turns it off)")
+        if self.fp16_residual and WeightFormat.Q4 not in (self.weight_format, self.lm_head):
+            raise BuildOptionError(f"--fp16-residual corrects int4 weights but quantization '{self.name}' stores "
+                                   "none; choose an int4 recipe or --lm-head int4")
 
     @property
     def calibrated(self) -> bool:
@@ -94,6 +111,8 @@ class QuantRecipe:
                                                                  ("clip search", self.clip_search)) if on))
         else:
             parts.append("round to nearest")
+        if self.fp16_residual:
+            parts.append(f"fp16 residual {self.fp16_residual:.3g}")
         return ", ".join(parts)
 
     def uncalibrated(self) -> "QuantRecipe":
@@ -103,7 +122,8 @@ class QuantRecipe:
     def to_json(self) -> dict:
         return {"name": self.name, "weight_format": self.weight_format.value, "group_size": self.group_size,
                 "symmetric": self.symmetric, "rounding": self.rounding.value, "act_order": self.act_order,
-                "clip_search": self.clip_search, "damp": self.damp, "lm_head": self.lm_head.value}
+                "clip_search": self.clip_search, "damp": self.damp, "lm_head": self.lm_head.value,
+                **({"fp16_residual": self.fp16_residual} if self.fp16_residual else {})}  # absent when off: same bytes as before
 
 
 @dataclass(frozen=True)
@@ -146,19 +166,28 @@ QUANT: dict[str, QuantRecipe] = {
 }
 
 
-def quantize_weight(w: np.ndarray, recipe: QuantRecipe,
-                    hessian: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """int4 ``(codes, scales, zeros)`` of one f32 weight ``[N, K]`` by ``recipe`` (GPTQ needs ``hessian [K, K]``)."""
+def quantize_weight(w: np.ndarray, recipe: QuantRecipe, hessian: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, tuple[np.ndarray, ...] | None]:
+    """int4 ``(codes, scales, zeros, residual)`` of one f32 weight ``[N, K]`` by ``recipe`` (GPTQ needs
+    ``hessian [K, K]``); ``residual`` is the fp16 correction as CSR ``(rowptr, cols, vals)``, or None
+    when the recipe keeps none."""
     if recipe.calibrated:
-        return quantize_gptq(w, hessian, recipe.group_size, recipe.symmetric, damp=recipe.damp,
-                             act_order=recipe.act_order, clip_search=recipe.clip_search)
-    return quantize_rtn(w, recipe.group_size, recipe.symmetric)
+        codes, scales, zeros, dense = quantize_gptq_residual(
+            w, hessian, recipe.group_size, recipe.symmetric, keep=recipe.fp16_residual, damp=recipe.damp,
+            act_order=recipe.act_order, clip_search=recipe.clip_search)
+        return codes, scales, zeros, sparse_residual.from_dense(dense) if recipe.fp16_residual else None
+    codes, scales, zeros = quantize_rtn(w, recipe.group_size, recipe.symmetric)
+    if not recipe.fp16_residual:
+        return codes, scales, zeros, None
+    wq = int4.dequantize(int4.pack(codes), scales, zeros, recipe.group_size)
+    return codes, scales, zeros, sparse_residual.select(w, wq, recipe.fp16_residual)
 
 
 def dequantized_weight(w: np.ndarray, recipe: QuantRecipe, hessian: np.ndarray | None = None) -> np.ndarray:
-    """f32 ``[N, K]``: ``w`` as the kernels will see it after ``quantize_weight``."""
-    codes, scales, zeros = quantize_weight(w, recipe, hessian)
-    return int4.dequantize(int4.pack(codes), scales, zeros, recipe.group_size)
+    """f32 ``[N, K]``: ``w`` as the kernels will see it after ``quantize_weight`` (fp16 residual included)."""
+    codes, scales, zeros, residual = quantize_weight(w, recipe, hessian)
+    wq = int4.dequantize(int4.pack(codes), scales, zeros, recipe.group_size)
+    return wq if residual is None else sparse_residual.scatter(wq, *residual)
 
 
 def run(module: Module, recipe: QuantRecipe, calibration: Calibration | None = None) -> Module:
@@ -194,7 +223,7 @@ def _quantize_linear(n: Node, module: Module, is_head: bool, recipe: QuantRecipe
         return replace(n, attrs=replace(n.attrs, weight_format=fmt))
     base = names.LM_HEAD.removesuffix(".weight") if is_head else wname.removesuffix(".weight")
     h = calibration.hessian(names.LM_HEAD if is_head else names.input_key(wname), w.shape[1]) if recipe.calibrated else None
-    codes, scales, zeros = quantize_weight(w, recipe, h)
+    codes, scales, zeros, residual = quantize_weight(w, recipe, h)
     out[f"{base}.qweight"] = frozen_array(int4.pack(codes))
     out[f"{base}.scales"] = frozen_array(scales)
     inputs = {r: s for r, s in n.inputs.items() if r != "weight"}
@@ -202,4 +231,8 @@ def _quantize_linear(n: Node, module: Module, is_head: bool, recipe: QuantRecipe
     if zeros is not None:
         out[f"{base}.zeros"] = frozen_array(zeros)
         inputs["zeros"] = f"{base}.zeros"
+    if residual is not None:
+        for role, a in zip(sparse_residual.ROLES, residual):
+            out[f"{base}.{role}"] = frozen_array(a)
+            inputs[role] = f"{base}.{role}"
     return Node(n.op, n.name, inputs, n.outputs, replace(n.attrs, weight_format=fmt, group_size=recipe.group_size))

@@ -17,8 +17,9 @@ from grokc.runner import Runner, SamplingParams
 TOL = 2e-2
 
 
-def stored_weights(runner: Runner, loaded) -> dict[str, np.ndarray]:
-    """HF-named f32 weights as the artifact stores them (fused tensors split back)."""
+def stored_weights(runner: Runner, loaded, residual: bool = True) -> dict[str, np.ndarray]:
+    """HF-named f32 weights as the artifact stores them (fused tensors split back; without any fp16
+    residual when ``residual`` is False)."""
     art = runner.artifact.weights()
     c = loaded.config
 
@@ -26,8 +27,14 @@ def stored_weights(runner: Runner, loaded) -> dict[str, np.ndarray]:
         if f"{base}.qweight" in art:
             gs = runner.artifact.manifest.quant["group_size"]
             zeros = art.get(f"{base}.zeros")
-            return int4.dequantize(np.asarray(art[f"{base}.qweight"]), np.asarray(art[f"{base}.scales"]),
-                                   None if zeros is None else np.asarray(zeros), gs)
+            w = int4.dequantize(np.asarray(art[f"{base}.qweight"]), np.asarray(art[f"{base}.scales"]),
+                                None if zeros is None else np.asarray(zeros), gs)
+            if residual and f"{base}.residual_vals" in art:   # the fp16 residual: w[row, col] += val, entry by entry
+                rowptr, cols, vals = (np.asarray(art[f"{base}.residual_{s}"]) for s in ("rowptr", "cols", "vals"))
+                for r in range(w.shape[0]):
+                    for e in range(rowptr[r], rowptr[r + 1]):
+                        w[r, cols[e]] += np.float32(vals[e])
+            return w
         return np.asarray(art[f"{base}.weight"], dtype=np.float32)
 
     out = {}
@@ -44,10 +51,12 @@ def stored_weights(runner: Runner, loaded) -> dict[str, np.ndarray]:
             out[hf_name] = gu[: c.intermediate_size] if kind == "ffn_gate" else gu[c.intermediate_size:]
         else:
             out[hf_name] = dense(canon.removesuffix(".weight"))
+    if "output.qweight" in art:                  # an int4 LM head of its own (tied in the source)
+        out["lm_head.weight"] = dense("output")
     return out
 
 
-@pytest.mark.parametrize("recipe", ["fp16", "int4", "int4-g32"])
+@pytest.mark.parametrize("recipe", ["fp16", "int4", "int4-g32", "int4-r"])
 def test_teacher_forced_logits_match_torch_model(tiny_artifacts, tiny_model, recipe):
     runner = Runner(tiny_artifacts[recipe], device="cpu")
     ref_model = reference_model(tiny_model.config, stored_weights(runner, tiny_model))
@@ -57,6 +66,17 @@ def test_teacher_forced_logits_match_torch_model(tiny_artifacts, tiny_model, rec
         want = reference_logits(ref_model, seq)
         err = np.abs(g - want).max() / np.sqrt((want ** 2).mean())
         assert err < TOL, f"{recipe}: max error {err:.3g} of the logits' RMS"
+
+
+def test_plan_applies_the_fp16_residual(tiny_artifacts, tiny_model):
+    """Without its residual the int4-r model is far from what the plan computes: the check above
+    could not pass with the residual dropped on either side."""
+    runner = Runner(tiny_artifacts["int4-r"], device="cpu")
+    assert any(name.endswith(".residual_vals") for name in runner.artifact.weights())
+    ref_model = reference_model(tiny_model.config, stored_weights(runner, tiny_model, residual=False))
+    seq = list(np.random.default_rng(0).integers(3, 256, 40))
+    got, want = runner.engine.score([seq])[0], reference_logits(ref_model, seq)
+    assert np.abs(got - want).max() / np.sqrt((want ** 2).mean()) > 5 * TOL
 
 
 def test_prefill_bucket_padding_does_not_change_logits(tiny_artifacts):
