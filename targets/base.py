@@ -12,7 +12,9 @@ and its result (rule name, kernel symbol, launch shape) is written into the plan
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
+
+from grokc.artifacts.kernel_abi import KERNEL_ABI, ArgKind
 
 
 @dataclass(frozen=True)
@@ -55,3 +57,13 @@ class KernelChoice:
 
 
 KernelRule = Callable[[KernelCall, Target], Optional[KernelChoice]]
+
+
+def c_params(op: str, ptr_types: Mapping[str, str]) -> tuple[str, str]:
+    """``(declaration list, argument list)`` of ``KERNEL_ABI[op]`` in C; pointers typed by ``ptr_types``."""
+    decl, names = [], []
+    for p in KERNEL_ABI[op]:
+        ctype = ptr_types[p.name] if p.kind is ArgKind.PTR else ("int" if p.kind is ArgKind.I32 else "float")
+        decl.append(f"{ctype} {p.name}")
+        names.append(p.name)
+    return ", ".join(decl), ", ".join(names)

@@ -11,9 +11,7 @@ Same module protocol as ``rules_attention``: ``RULES`` (op -> ordered rules, fal
 
 from __future__ import annotations
 
-from grokc.artifacts.kernel_abi import KERNEL_ABI, ArgKind
-
-from .base import KernelCall, KernelChoice, KernelRule, Target
+from .base import KernelCall, KernelChoice, KernelRule, Target, c_params
 
 HEADERS: tuple[str, ...] = ("pdl.cuh", "sample.cuh", "misc.cuh")
 
@@ -29,16 +27,6 @@ _PTR_TYPES = {
 }
 SAMPLE_THREADS = 1024
 SAMPLE_MAX_VOCAB = 2048 * 128  # grokc_sample::kMaxVocab
-
-
-def _c_params(op: str) -> tuple[str, str]:
-    """``(declaration list, argument list)`` of ``KERNEL_ABI[op]`` in C."""
-    decl, names = [], []
-    for p in KERNEL_ABI[op]:
-        ctype = _PTR_TYPES[op][p.name] if p.kind is ArgKind.PTR else ("int" if p.kind is ArgKind.I32 else "float")
-        decl.append(f"{ctype} {p.name}")
-        names.append(p.name)
-    return ", ".join(decl), ", ".join(names)
 
 
 def _copy_block(width: int) -> tuple[int, int, int]:
@@ -95,6 +83,6 @@ def kernel_source(symbol: str) -> str | None:
     if symbol not in _SOURCES:
         return None
     op, body, threads = _SOURCES[symbol]
-    decl, args = _c_params(op)
+    decl, args = c_params(op, _PTR_TYPES[op])
     return (f'extern "C" __global__ void __launch_bounds__({threads}) {symbol}({decl}) {{\n'
             f"  grokc_pdl_entry();\n  {body}({args});\n}}\n")

@@ -9,9 +9,10 @@ Each rule module (``rules_linear``, ``rules_attention``, ``rules_misc``, ``rules
   when the symbol is not one of its kernels;
 A rule sets ``KernelChoice.pdl`` when its kernel should be joined to the launch before it by a
 programmatic edge (sm_90+). Every grokc kernel triggers its dependents at entry and waits before reading its inputs, so any
-edge may be programmatic; which ones are is a measured choice. On the H200 only the GEMVs gain
-(they prefetch weights before the wait): programmatic edges into attention, sampling or the
-embedding let their blocks take SMs early and slowed a Llama-1B decode step (560 vs 548 us).
+edge may be programmatic; which ones are is a measured choice. On the H200 the GEMVs gain (they
+prefetch weights before the wait), and decode attention from 2 slots on (it prefetches its cache
+blocks before the wait); programmatic edges into sampling or the embedding, or into attention
+at batch 1, let their blocks take SMs early and slowed a Llama-1B decode step (560 vs 548 us).
 
 ``select`` is the one place a kernel is chosen (dlight's ``ApplyDefaultSchedule`` order: the first
 rule that answers wins); ``nvcc.build_cubin`` asks ``owner`` which module's headers and source a

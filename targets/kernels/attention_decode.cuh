@@ -12,6 +12,9 @@
 //   Partials (max, sum, acc) are merged over the warps in shared memory and over the cluster through
 //   distributed shared memory (ld.shared::cluster) before one rank-slice of each writes out.
 //   No global scratch is needed.
+//   Order (programmatic dependent launch, sm_90+): positions, active, the block table and the first
+//   ST - 1 cache blocks of every warp are read before griddepcontrol.wait (earlier replays wrote
+//   them); qkv is read and out / the cache written only after it, then the next launch may start.
 //
 // attention_decode_ref: fallback for any even head_dim and group size: grid (n_heads, B), block
 //   128, smem (max_blocks * 16 + head_dim) * 4 bytes.
@@ -91,10 +94,41 @@ __device__ __forceinline__ void attention_decode_mma(
   const int p = __ldg(positions + b);
   // Inactive (or an impossible position): zero row, cache untouched. Same for every block of a cluster.
   if (__ldg(active + b) == 0 || p < 0 || p >= max_blocks * kKvBlock) {
+    grokc_pdl_wait();  // out may still be read by an earlier launch
     if (rank == 0)
       for (int i = tid; i < group * D; i += T) orow[i] = __float2half_rn(0.f);
     return;
   }
+
+  // This warp's share of the cache blocks 0..nkb-1, and the first ST - 1 of them into its ring.
+  // Before the wait: positions, active, the block table and the cache below p were written by
+  // earlier replays (only the last launch of a step, sampling, writes positions and active), so
+  // this overlaps the launch before (the qkv GEMV) when the edge is programmatic.
+  const int* bt = block_table + (size_t)b * max_blocks;
+  const int nkb = p / kKvBlock + 1, tw = CS * W, gw = rank * W + warp;
+  const int kb0 = (int)((long long)gw * nkb / tw), kb1 = (int)((long long)(gw + 1) * nkb / tw);
+  uint4* ring = stages + warp * ST * SU;
+  auto load = [&](int kbi, int s) {
+    uint4* st = ring + s * SU;
+    const size_t base = ((size_t)__ldg(bt + kbi) * n_kv_heads + kvh) * kKvBlock * D;
+    const uint4* ks = reinterpret_cast<const uint4*>(k_cache + base);
+    const uint4* vs = reinterpret_cast<const uint4*>(v_cache + base);
+    const int valid = kbi == nkb - 1 ? (p % kKvBlock) : kKvBlock;  // rows read from the cache
+#pragma unroll
+    for (int i = 0; i < kKvBlock * CH / 32; ++i) {
+      const int idx = lane + 32 * i, r = idx / CH, c = idx % CH;
+      const bool ok = r < valid;
+      cp_async16(st + swz<CH>(r, c), ks + (ok ? idx : 0), ok);
+      cp_async16(st + kKvBlock * CH + swz<CH>(r, c), vs + (ok ? idx : 0), ok);
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < ST - 1; ++i) {
+    if (kb0 + i < kb1) load(kb0 + i, i);
+    cp_async_commit();
+  }
+  grokc_pdl_wait();  // qkv is complete from here on, and nobody reads out any more
+  grokc_pdl_launch_dependents();
 
   // Rotated q of the group's heads, rotated new k, new v -> shared memory.
   const size_t rs = (size_t)(n_heads + 2 * n_kv_heads) * D;
@@ -124,37 +158,12 @@ __device__ __forceinline__ void attention_decode_mma(
   for (int it = tid; it < (16 - group) * CH; it += T) sQ[group * CH + it] = make_uint4(0, 0, 0, 0);
   __syncthreads();
 
-  const int* bt = block_table + (size_t)b * max_blocks;
   if (rank == 0 && tid < 2 * CH) {  // the new token into the cache; nobody in this launch reads it there
     const size_t off = cache_offset(bt, p, n_kv_heads, kvh, D);
     if (tid < CH)
       reinterpret_cast<uint4*>(k_cache + off)[tid] = sKn[tid];
     else
       reinterpret_cast<uint4*>(v_cache + off)[tid - CH] = sVn[tid - CH];
-  }
-
-  // This warp's share of the cache blocks 0..nkb-1.
-  const int nkb = p / kKvBlock + 1, tw = CS * W, gw = rank * W + warp;
-  const int kb0 = (int)((long long)gw * nkb / tw), kb1 = (int)((long long)(gw + 1) * nkb / tw);
-  uint4* ring = stages + warp * ST * SU;
-  auto load = [&](int kbi, int s) {
-    uint4* st = ring + s * SU;
-    const size_t base = ((size_t)__ldg(bt + kbi) * n_kv_heads + kvh) * kKvBlock * D;
-    const uint4* ks = reinterpret_cast<const uint4*>(k_cache + base);
-    const uint4* vs = reinterpret_cast<const uint4*>(v_cache + base);
-    const int valid = kbi == nkb - 1 ? (p % kKvBlock) : kKvBlock;  // rows read from the cache
-#pragma unroll
-    for (int i = 0; i < kKvBlock * CH / 32; ++i) {
-      const int idx = lane + 32 * i, r = idx / CH, c = idx % CH;
-      const bool ok = r < valid;
-      cp_async16(st + swz<CH>(r, c), ks + (ok ? idx : 0), ok);
-      cp_async16(st + kKvBlock * CH + swz<CH>(r, c), vs + (ok ? idx : 0), ok);
-    }
-  };
-#pragma unroll
-  for (int i = 0; i < ST - 1; ++i) {
-    if (kb0 + i < kb1) load(kb0 + i, i);
-    cp_async_commit();
   }
 
   uint32_t qf[D / 16][4];

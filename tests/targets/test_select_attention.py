@@ -75,6 +75,17 @@ def test_decode_spreads_one_sequence_over_the_chip_with_clusters():
     assert c.kernel.endswith("_c1")
 
 
+def test_decode_programmatic_edge_only_without_clusters_from_two_slots_on_sm90():
+    sm90, sm80 = get_target("sm90"), get_target("sm80")
+    short = 8  # max_blocks: contexts of 128 tokens, no clusters
+    assert [select(decode("llama32_1b", B, short), sm90).pdl for B in (1, 2, 8)] == [False, True, True]
+    assert not select(decode("llama32_1b", 8), sm90).pdl        # clusters (long context) cannot start early
+    assert not any(select(decode("llama32_1b", B, short), sm80).pdl for B in (1, 8))
+    # the split kernel waits inside (after its first cache loads); the others wait at entry
+    assert "grokc_pdl_entry" not in ra.kernel_source("attn_decode_mma_d64_w8_s4_c1")
+    assert "grokc_pdl_entry" in ra.kernel_source("attn_decode_ref")
+
+
 @pytest.mark.parametrize("arch", ["sm80", "sm86", "sm89"])
 def test_decode_without_clusters_before_sm90(arch):
     target = get_target(arch)
