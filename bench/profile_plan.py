@@ -4,7 +4,9 @@
 
 Each launch of the graph is put alone in a CUDA graph (x ``reps`` copies in a chain) and timed
 with events after the whole graph has run once (so caches and state are realistic); the launches
-are summed by op and by kernel, next to the time of the whole graph replay. Prints JSON.
+are summed by op and by kernel, next to the time of the whole graph replay, of its variants with
+fewer programmatic edges, and of its ablations (the graph without every launch of one role, e.g.
+``without_attention``: what that role costs inside the chain). Prints JSON.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ def main() -> None:
         "pdl_no_attention": [dataclasses.replace(k, pdl=k.pdl and l.op != "attention_decode")
                              for k, l in zip(resolved, g.launches)],
     }
+    # ablations: the graph without every launch of one role (its results are garbage, its time is
+    # what that role costs inside the chain, dependency gaps included)
+    for role in dict.fromkeys(launch.node.split(".")[-1] for launch in g.launches):
+        variants[f"without_{role}"] = [k for k, l in zip(resolved, g.launches) if l.node.split(".")[-1] != role]
     variant_us = {name: round(time_graph(cd.Graph(ks), a.reps), 1) for name, ks in variants.items()}
     per_op, per_kernel, rows = defaultdict(float), defaultdict(float), []
     for launch in g.launches:
