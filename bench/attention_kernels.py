@@ -211,7 +211,8 @@ def decode_case(dev: Device, rng, batch: int, ctx: int) -> dict:
             "active": np.ones(batch, I32), **scal}
     common = {k: (to_dev(v) if isinstance(v, np.ndarray) else v) for k, v in host.items()}
     common.update(k_cache=k_pool, v_cache=v_pool)
-    launches = [dev.launch(choice, "attention_decode", {**common, "block_table": to_dev(t)}) for t in tables]
+    tables_dev = [to_dev(t) for t in tables]  # kept alive: a launch holds only the raw address
+    launches = [dev.launch(choice, "attention_decode", {**common, "block_table": t}) for t in tables_dev]
 
     # verify set 0 against the oracle (its blocks are 0..per_set-1 of the pool)
     want = {**host, "block_table": tables[0], "k_cache": k_pool[:per_set].cpu().numpy(),

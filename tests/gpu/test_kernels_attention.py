@@ -33,9 +33,9 @@ F16, F32, I32 = np.float16, np.float32, np.int32
 THETA = 10000.0
 
 PREFILL_SYMBOLS = ("attn_prefill_mma_d64_n64", "attn_prefill_mma_d128_n32", "attn_prefill_ref")
-DECODE_SYMBOLS = ("attn_decode_mma_d64_w4_s4_c1", "attn_decode_mma_d64_w8_s2_c1", "attn_decode_mma_d64_w4_s2_c2",
-                  "attn_decode_mma_d64_w4_s4_c8", "attn_decode_mma_d128_w4_s4_c1", "attn_decode_mma_d128_w4_s3_c4",
-                  "attn_decode_ref")
+DECODE_SYMBOLS = ("attn_decode_mma_d64_w8_s4_c1", "attn_decode_mma_d64_w4_s4_c1", "attn_decode_mma_d64_w8_s2_c1",
+                  "attn_decode_mma_d64_w4_s2_c2", "attn_decode_mma_d64_w4_s4_c8", "attn_decode_mma_d128_w4_s4_c1",
+                  "attn_decode_mma_d128_w4_s3_c4", "attn_decode_ref")
 
 
 def seeded(*key) -> np.random.Generator:
@@ -169,6 +169,7 @@ def test_attention_prefill(cubin, case, kind):
 DECODE_CASES = [  # (nh, nkv, d, positions, active, max_blocks, table_len)
     (9, 3, 64, [0, 15, 16, 700], [1, 1, 0, 1], 48, 512),
     (32, 8, 64, [8191], [1], 512, 8192),
+    (32, 8, 64, [511], [1], 32, 8192),   # the Llama-1B bench's case: every cache block of the slot in use
     (32, 8, 64, [5, 4095, 333, 1, 2047, 16, 31, 600], [1, 1, 1, 0, 1, 1, 1, 1], 256, 4096),
     (32, 32, 128, [77, 1500], [1, 1], 128, 1024),
     (32, 32, 128, [0, 4000, 0], [0, 1, 1], 256, 2048),
