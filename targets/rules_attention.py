@@ -103,11 +103,12 @@ def decode_split(call: KernelCall, target: Target) -> KernelChoice | None:
     warp has two cache blocks at the longest context (``max_blocks``). Then the deepest cp.async ring
     (4..2 stages) whose shared memory fits the target.
 
-    The kernel issues its first cache loads before ``griddepcontrol.wait``. A programmatic edge
-    from the qkv GEMV lets that overlap the GEMV; measured on the H200 (Llama-1B shape, context
-    ~200) it pays from 2 slots on (batch 8: 0.731 -> 0.701 ms a step) but not at batch 1 (0.540 ->
-    0.546: the early blocks hold SMs while the GEMVs before them still run), hence ``PDL_MIN_BATCH``.
-    Cluster launches never get the edge (they cannot start early).
+    From ``PDL_MIN_BATCH`` slots on (sm_90+, no clusters: a cluster launch cannot start early) the
+    ``_early`` variant joins the qkv GEMV by a programmatic edge and issues its first cache loads
+    before ``griddepcontrol.wait``, overlapping the GEMV. Measured on the H200 (Llama-1B shape,
+    context ~200): batch 8 0.731 -> 0.701 ms a step; batch 1 0.540 -> 0.546 (the early blocks hold
+    SMs the GEMVs before them still need), and without the edge the early loads only delay the qkv
+    reads (6.7 against 4.7 us a launch), so batch 1 keeps the plain variant.
     """
     nh, nkv, d = _dims(call)
     if not _heads_ok(nh, nkv, d) or d not in _MMA_HEAD_DIMS or nh // nkv > _MAX_GROUP or target.sm < 80:
@@ -129,7 +130,8 @@ def decode_split(call: KernelCall, target: Target) -> KernelChoice | None:
             smem = decode_mma_smem(d, w, stages)
             if smem <= target.smem_per_block:
                 pdl = target.has_pdl and cs == 1 and batch >= PDL_MIN_BATCH
-                return KernelChoice(f"attn_decode_mma_d{d}_w{w}_s{stages}_c{cs}", (nkv * cs, batch, 1),
+                return KernelChoice(f"attn_decode_mma_d{d}_w{w}_s{stages}_c{cs}" + ("_early" if pdl else ""),
+                                    (nkv * cs, batch, 1),
                                     (32 * w, 1, 1), smem, "decode_split" + ("_cluster" if cs > 1 else ""), pdl=pdl)
     return None
 
@@ -151,7 +153,7 @@ RULES: dict[str, list[KernelRule]] = {
 # -- sources ----------------------------------------------------------------------------------
 
 _PREFILL_MMA = re.compile(r"attn_prefill_mma_d(\d+)_n(\d+)")
-_DECODE_MMA = re.compile(r"attn_decode_mma_d(\d+)_w(\d+)_s(\d+)_c(\d+)")
+_DECODE_MMA = re.compile(r"attn_decode_mma_d(\d+)_w(\d+)_s(\d+)_c(\d+)(_early)?")
 
 
 def _entry(symbol: str, op: str, body: str, threads: int, cluster: int = 1, min_blocks: int = 0,
@@ -175,9 +177,11 @@ def kernel_source(symbol: str) -> str | None:
         d, bn = map(int, m.groups())
         return _entry(symbol, "attention_prefill", f"grokc_attn::attention_prefill_mma<{d}, {bn}>", 128)
     if m := _DECODE_MMA.fullmatch(symbol):
-        d, w, st, cs = map(int, m.groups())
+        d, w, st, cs = map(int, m.groups()[:4])
+        early = m.group(5) is not None
         # one block per multiprocessor is the plan (min_blocks 1): without it ptxas caps the
         # 128-thread variant at 96 registers and spills
-        return _entry(symbol, "attention_decode", f"grokc_attn::attention_decode_mma<{d}, {w}, {st}, {cs}>",
-                      32 * w, cluster=cs, min_blocks=1, waits_inside=True)
+        return _entry(symbol, "attention_decode",
+                      f"grokc_attn::attention_decode_mma<{d}, {w}, {st}, {cs}, {str(early).lower()}>",
+                      32 * w, cluster=cs, min_blocks=1, waits_inside=early)
     return None

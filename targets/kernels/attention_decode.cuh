@@ -12,9 +12,10 @@
 //   Partials (max, sum, acc) are merged over the warps in shared memory and over the cluster through
 //   distributed shared memory (ld.shared::cluster) before one rank-slice of each writes out.
 //   No global scratch is needed.
-//   Order (programmatic dependent launch, sm_90+): positions, active, the block table and the first
-//   ST - 1 cache blocks of every warp are read before griddepcontrol.wait (earlier replays wrote
-//   them); qkv is read and out / the cache written only after it, then the next launch may start.
+//   EARLY (the launch has a programmatic edge from the qkv GEMV, sm_90+): positions, active, the
+//   block table and the first ST - 1 cache blocks of every warp are read before griddepcontrol.wait
+//   (earlier replays wrote them), qkv only after it, then the next launch may start. Otherwise the
+//   entry waits (kernels/pdl.cuh) and the cache loads follow the qkv reads, which then meet no queue.
 //
 // attention_decode_ref: fallback for any even head_dim and group size: grid (n_heads, B), block
 //   128, smem (max_blocks * 16 + head_dim) * 4 bytes.
@@ -73,7 +74,7 @@ __device__ __forceinline__ float ld_cluster(const float* local, int rank) {
 #endif
 }
 
-template <int D, int W, int ST, int CS>
+template <int D, int W, int ST, int CS, bool EARLY>
 __device__ __forceinline__ void attention_decode_mma(
     half* out, const half* qkv, const float* rope_table, const float* inv_freq, half* k_cache,
     half* v_cache, const int* block_table, const int* positions, const int* active, int B, int n_heads,
@@ -94,7 +95,7 @@ __device__ __forceinline__ void attention_decode_mma(
   const int p = __ldg(positions + b);
   // Inactive (or an impossible position): zero row, cache untouched. Same for every block of a cluster.
   if (__ldg(active + b) == 0 || p < 0 || p >= max_blocks * kKvBlock) {
-    grokc_pdl_wait();  // out may still be read by an earlier launch
+    grokc_pdl_wait();  // out may still be read by an earlier launch (EARLY: nothing waited yet)
     if (rank == 0)
       for (int i = tid; i < group * D; i += T) orow[i] = __float2half_rn(0.f);
     return;
@@ -122,13 +123,18 @@ __device__ __forceinline__ void attention_decode_mma(
       cp_async16(st + kKvBlock * CH + swz<CH>(r, c), vs + (ok ? idx : 0), ok);
     }
   };
+  auto fill_ring = [&] {
 #pragma unroll
-  for (int i = 0; i < ST - 1; ++i) {
-    if (kb0 + i < kb1) load(kb0 + i, i);
-    cp_async_commit();
+    for (int i = 0; i < ST - 1; ++i) {
+      if (kb0 + i < kb1) load(kb0 + i, i);
+      cp_async_commit();
+    }
+  };
+  if constexpr (EARLY) {
+    fill_ring();
+    grokc_pdl_wait();  // qkv is complete from here on, and nobody reads out any more
+    grokc_pdl_launch_dependents();
   }
-  grokc_pdl_wait();  // qkv is complete from here on, and nobody reads out any more
-  grokc_pdl_launch_dependents();
 
   // Rotated q of the group's heads, rotated new k, new v -> shared memory.
   const size_t rs = (size_t)(n_heads + 2 * n_kv_heads) * D;
@@ -165,6 +171,7 @@ __device__ __forceinline__ void attention_decode_mma(
     else
       reinterpret_cast<uint4*>(v_cache + off)[tid - CH] = sVn[tid - CH];
   }
+  if constexpr (!EARLY) fill_ring();
 
   uint32_t qf[D / 16][4];
 #pragma unroll

@@ -33,9 +33,9 @@ F16, F32, I32 = np.float16, np.float32, np.int32
 THETA = 10000.0
 
 PREFILL_SYMBOLS = ("attn_prefill_mma_d64_n64", "attn_prefill_mma_d128_n32", "attn_prefill_ref")
-DECODE_SYMBOLS = ("attn_decode_mma_d64_w8_s4_c1", "attn_decode_mma_d64_w4_s4_c1", "attn_decode_mma_d64_w8_s2_c1",
-                  "attn_decode_mma_d64_w4_s2_c2", "attn_decode_mma_d64_w4_s4_c8", "attn_decode_mma_d128_w4_s4_c1",
-                  "attn_decode_mma_d128_w4_s3_c4", "attn_decode_ref")
+DECODE_SYMBOLS = ("attn_decode_mma_d64_w8_s4_c1", "attn_decode_mma_d64_w8_s4_c1_early", "attn_decode_mma_d64_w4_s4_c1",
+                  "attn_decode_mma_d64_w8_s2_c1", "attn_decode_mma_d64_w4_s2_c2", "attn_decode_mma_d64_w4_s4_c8",
+                  "attn_decode_mma_d128_w4_s4_c1", "attn_decode_mma_d128_w4_s3_c4", "attn_decode_ref")
 
 
 def seeded(*key) -> np.random.Generator:
@@ -179,7 +179,7 @@ DECODE_CASES = [  # (nh, nkv, d, positions, active, max_blocks, table_len)
 def decode_launch(symbol: str, batch: int, nkv: int, d: int, nh: int, max_blocks: int, sm: int):
     if symbol == "attn_decode_ref":
         return (nh, batch, 1), (128, 1, 1), (max_blocks * S + d) * 4
-    _, _, _, dd, w, st, cs = symbol.split("_")
+    _, _, _, dd, w, st, cs = symbol.removesuffix("_early").split("_")
     w, st, cs = int(w[1:]), int(st[1:]), int(cs[1:])
     return (nkv * cs, batch, 1), (32 * w, 1, 1), ra.decode_mma_smem(d, w, st)
 

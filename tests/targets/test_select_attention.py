@@ -70,7 +70,7 @@ def test_decode_spreads_one_sequence_over_the_chip_with_clusters():
     c = select(decode("llama32_1b", 8), sm90)   # 64 pairs -> clusters of 2: one wave of 128 blocks
     assert c.kernel.endswith("_c2") and c.grid == (16, 8, 1)
     c = select(decode("llama2_7b", 32), sm90)   # 1024 pairs already fill the chip
-    assert c.kernel.endswith("_c1") and c.grid == (32, 32, 1)
+    assert c.kernel.endswith("_c1_early") and c.grid == (32, 32, 1)
     c = select(decode("llama32_1b", 1, max_blocks=8), sm90)  # short contexts: no more warps than blocks
     assert c.kernel.endswith("_c1")
 
@@ -81,8 +81,14 @@ def test_decode_programmatic_edge_only_without_clusters_from_two_slots_on_sm90()
     assert [select(decode("llama32_1b", B, short), sm90).pdl for B in (1, 2, 8)] == [False, True, True]
     assert not select(decode("llama32_1b", 8), sm90).pdl        # clusters (long context) cannot start early
     assert not any(select(decode("llama32_1b", B, short), sm80).pdl for B in (1, 8))
-    # the split kernel waits inside (after its first cache loads); the others wait at entry
-    assert "grokc_pdl_entry" not in ra.kernel_source("attn_decode_mma_d64_w8_s4_c1")
+    # exactly the launches with the edge are the early variant, which waits inside (after its first
+    # cache loads); the others wait at entry
+    for B in (1, 2):
+        c = select(decode("llama32_1b", B, short), sm90)
+        assert c.kernel.endswith("_early") == c.pdl
+    assert "grokc_pdl_entry" not in ra.kernel_source("attn_decode_mma_d64_w8_s4_c1_early")
+    assert "true>" in ra.kernel_source("attn_decode_mma_d64_w8_s4_c1_early")
+    assert "grokc_pdl_entry" in ra.kernel_source("attn_decode_mma_d64_w8_s4_c1")
     assert "grokc_pdl_entry" in ra.kernel_source("attn_decode_ref")
 
 
