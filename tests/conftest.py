@@ -4,7 +4,8 @@
 - ``hf_reference``: transformers' fp32 model loaded from that GGUF (the correctness reference, ~15 s).
 - ``hf_tokenizer``: transformers' tokenizer loaded from that GGUF.
 - ``smollm2_loaded``: grokc's own ``LoadedModel`` of that GGUF.
-- ``smollm2_artifacts``: ``smollm2_artifacts("fp16")`` builds (once) and returns an artifact path.
+- ``smollm2_artifacts``: ``smollm2_artifacts("fp16")`` builds (once) and returns an artifact path
+  (more ``BuildOptions`` by keyword, e.g. ``fp16_residual=0.005``).
 
 ``GROKC_TEST_GGUF`` overrides where the GGUF is found.
 """
@@ -69,12 +70,12 @@ def smollm2_artifacts(tmp_path_factory, smollm2_gguf):
     root = tmp_path_factory.mktemp("smollm2")
     built = {}
 
-    def get(quant: str, group_size: int | None = None, archs: tuple[str, ...] = ("sm90",)):
-        key = f"{quant}-g{group_size}-{'-'.join(archs)}"
+    def get(quant: str, group_size: int | None = None, archs: tuple[str, ...] = ("sm90",), **extra):
+        key = "-".join([f"{quant}-g{group_size}", *archs, *(f"{k}{v}" for k, v in sorted(extra.items()))])
         if key not in built:
             build(smollm2_gguf, root / key, BuildOptions(quant=quant, group_size=group_size, archs=archs,
                                                          batch=4, buckets=(128, 512), max_seq=1024,
-                                                         calibration=cheap))
+                                                         calibration=cheap, **extra))
             built[key] = root / key
         return built[key]
 

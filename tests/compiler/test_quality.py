@@ -184,3 +184,6 @@ def test_cli_fp16_residual_zero_builds_the_same_bytes(tmp_path):
     manifest = json.loads(outs["half"]["manifest.json"])
     assert manifest["quant"]["fp16_residual"] == 0.005 and "sparse_residual" in manifest["passes"]
     assert outs["half"]["weights.safetensors"] != outs["plain"]["weights.safetensors"]
+    shown = CliRunner().invoke(app, ["inspect", str(tmp_path / "half")])
+    assert shown.exit_code == 0 and "fp16 residual 0.005 of the int4 weights" in shown.output, shown.output
+    assert "fp16 residual" not in CliRunner().invoke(app, ["inspect", str(tmp_path / "plain")]).output

@@ -19,9 +19,15 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / np.sqrt((b ** 2).mean()))
 
 
-@pytest.fixture(scope="module", params=["fp16", "int4"])
+# int4-r: int4 with a 0.5% fp16 residual and an int4 LM head (sparse_residual launches before
+# every linear, the head's included: its addend is f32 [1 or B, vocab])
+BUILDS = {"fp16": ("fp16", {}), "int4": ("int4", {}), "int4-r": ("int4", {"fp16_residual": 0.005, "lm_head": "int4"})}
+
+
+@pytest.fixture(scope="module", params=list(BUILDS))
 def pair(request, smollm2_artifacts):
-    path = smollm2_artifacts(request.param)
+    quant, extra = BUILDS[request.param]
+    path = smollm2_artifacts(quant, **extra)
     return request.param, Runner(path, device="cuda"), Runner(path, device="cpu")
 
 

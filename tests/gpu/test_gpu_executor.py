@@ -48,8 +48,8 @@ extern "C" __global__ void fake_take_last(int* out, const int* x, const int* n_r
 // of the dynamic shared memory, weight[0], the dynamic smem size, and two pointers' values.
 extern "C" __global__ void probe_linear(int* out, const int* x, const int* weight,
                                         const void* scales, const void* zeros, const void* norm,
-                                        const void* residual, int M, int N, int K, int group_size,
-                                        float eps) {
+                                        const void* residual, const void* addend, int M, int N, int K,
+                                        int group_size, float eps) {
     extern __shared__ int smem[];
     unsigned dyn;
     asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
@@ -148,7 +148,7 @@ def test_param_sizes(cuda_context, cubin):
         sizes = module.function("probe_linear").param_sizes()
         if sizes is None:
             pytest.skip("the driver cannot report kernel parameter sizes")
-        assert sizes == (8,) * 7 + (4,) * 5
+        assert sizes == (8,) * 8 + (4,) * 5
         assert module.function("add_one").param_sizes() == (8, 4)
 
 
@@ -172,7 +172,7 @@ def _take_last(out: str, x: str, hidden: int, node: str, kernel: str = "fake_tak
 
 def _probe() -> Launch:
     args = (Arg("out", buffer="probe"), Arg("x", buffer="c"), Arg("weight", weight="w.probe"),
-            Arg("scales"), Arg("zeros"), Arg("norm"), Arg("residual", buffer="a"),
+            Arg("scales"), Arg("zeros"), Arg("norm"), Arg("residual", buffer="a"), Arg("addend"),
             *(Arg(name, value=v) for name, v in SCALARS.items()))
     attrs = {"weight_format": "f16", "act": "none", "out_dtype": "f16"}
     return Launch("linear", "probe_linear", (1, 1, 1), (32, 1, 1), PROBE_SMEM, args, attrs, node="probe")
