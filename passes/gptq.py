@@ -109,7 +109,7 @@ def quantize_gptq_residual(w: np.ndarray, hessian: np.ndarray, group_size: int, 
     budget = int(np.floor(keep * n * k + 0.5))
     if budget:  # a first pass without corrections ranks every entry by its loss |err| = |w - q| / U_jj
         loss = _loop(wt.copy(), st.copy(), None if zt is None else zt.copy(), u, group_of, quota, static, gs,
-                     symmetric, block)[3]
+                     symmetric, block, score=True)[3]
         worst = np.argsort(-loss.reshape(-1), kind="stable")[:budget]            # [budget] flat [K, N]
         quota = np.bincount(worst // n, minlength=k)
     codes, st, zt, _, corr = _loop(wt, st, zt, u, group_of, quota, static, gs, symmetric, block)
@@ -123,13 +123,15 @@ def quantize_gptq_residual(w: np.ndarray, hessian: np.ndarray, group_size: int, 
 
 
 def _loop(wt: np.ndarray, st: np.ndarray, zt: np.ndarray | None, u: np.ndarray, group_of: np.ndarray,
-          quota: np.ndarray, static: bool, gs: int, symmetric: bool, block: int) -> tuple[np.ndarray, ...]:
+          quota: np.ndarray, static: bool, gs: int, symmetric: bool, block: int,
+          score: bool = False) -> tuple[np.ndarray, ...]:
     """GPTQ's column loop over ``wt [K, N]`` (visiting order, updated in place) with grids ``st``/``zt``
-    ``[G, N]`` (set here when not ``static``): ``(codes u8 [K, N], st, zt, |err| [K, N], corrections
-    f16 [K, N])``; column ``j`` keeps its ``quota[j]`` largest ``|w - q|`` as f16 corrections."""
+    ``[G, N]`` (set here when not ``static``): ``(codes u8 [K, N], st, zt, |err| [K, N] (with
+    ``score``, else None), corrections f16 [K, N])``; column ``j`` keeps its ``quota[j]`` largest
+    ``|w - q|`` as f16 corrections."""
     k, n = wt.shape
     codes = np.zeros((k, n), np.uint8)
-    loss = np.zeros((k, n), np.float64)
+    loss = np.zeros((k, n), np.float64) if score else None
     corr = np.zeros((k, n), np.float16)
     for b0 in range(0, k, block):
         b1 = min(b0 + block, k)
@@ -152,7 +154,8 @@ def _loop(wt: np.ndarray, st: np.ndarray, zt: np.ndarray | None, u: np.ndarray, 
                 corr[j, top] = d[top]
                 q = q + corr[j].astype(np.float64)
             errs[i] = (cols[i] - q) / u[j, j]
-            loss[j] = np.abs(errs[i])
+            if score:
+                loss[j] = np.abs(errs[i])
             cols[i + 1:] -= np.outer(u[j, j + 1:b1], errs[i])
         wt[b1:] -= u[b0:b1, b1:].T @ errs                       # the lazy update of later blocks
     return codes, st, zt, loss, corr
