@@ -76,6 +76,7 @@ class WeightFormat(enum.Enum):
     F32 = "f32"  # as loaded, before quantization
     F16 = "f16"
     Q4 = "q4"    # artifacts/int4.py layout with f16 scales (and optional f16 zeros)
+    Q8 = "q8"    # artifacts/int8.py layout (u8 codes) with f16 scales; embedding tables only
 
 
 class Act(enum.Enum):
@@ -97,6 +98,15 @@ class NoAttrs:
 @dataclass(frozen=True)
 class RmsNormAttrs:
     eps: float
+
+
+@dataclass(frozen=True)
+class EmbeddingAttrs:
+    """``weight_format`` and ``group_size`` describe the stored table: f32 as traced, f16, or q8/q4
+    codes with ``scales`` and optionally ``zeros`` input roles beside ``table`` (``passes/quantize.py``)."""
+
+    weight_format: WeightFormat = WeightFormat.F32
+    group_size: int = 0  # 0: one scale per row
 
 
 @dataclass(frozen=True)
@@ -142,7 +152,7 @@ class AttentionAttrs:
     fused_rope: bool = False
 
 
-Attrs = Union[NoAttrs, RmsNormAttrs, LinearAttrs, SparseResidualAttrs, RopeAttrs, AttentionAttrs]
+Attrs = Union[NoAttrs, RmsNormAttrs, EmbeddingAttrs, LinearAttrs, SparseResidualAttrs, RopeAttrs, AttentionAttrs]
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import torch
 from grokc.artifacts.errors import UnsupportedModel, UnsupportedOp
 
 from .config import ModelConfig
-from .ir import AttentionAttrs, DType, Graph, LinearAttrs, Module, Node, OpKind, RmsNormAttrs, RopeAttrs, TensorType, frozen_array
+from .ir import AttentionAttrs, DType, EmbeddingAttrs, Graph, LinearAttrs, Module, Node, OpKind, RmsNormAttrs, RopeAttrs, TensorType, frozen_array
 from .models.llama import Llama, model_buffers
 
 SUPPORTED_ARCHITECTURES = ("llama",)
@@ -120,7 +120,7 @@ Converter = Callable[[torch.fx.Node, str, list, object], Node]
 
 
 def _embedding(fx, name, a, _):
-    return Node(OpKind.EMBEDDING, name, {"table": a[0], "tokens": a[1]}, (name,))
+    return Node(OpKind.EMBEDDING, name, {"table": a[0], "tokens": a[1]}, (name,), EmbeddingAttrs())
 
 
 def _rms_norm(fx, name, a, _):

@@ -9,20 +9,29 @@ so later columns compensate the rest: ``gptq.quantize_gptq_residual``). The code
 round-to-nearest (``rounding.py``) or from GPTQ's calibrated rounding (``gptq.py``), which needs
 the second moments of every linear's inputs (``Calibration``, measured by the driver in
 ``compiler/calibrate.py``; this pass never runs the model). The LM head (the LINEAR whose output
-is the graph's logits) is f16 or int4 by ``recipe.lm_head``; the embedding table and the norm
-weights become f16. Activations are untouched: the residual stream stays f16.
+is the graph's logits) is f16 or int4 by ``recipe.lm_head``; the embedding table is f16, int8 or
+int4 by ``recipe.embeddings`` (``quantize_embedding``: always round-to-nearest, never a residual);
+the norm weights become f16. Activations are untouched: the residual stream stays f16.
+
+A tied LM head (one that reads the embedding table) keeps its own copy whenever the two are stored
+differently: an int4 head becomes ``output.qweight``/``.scales``/``.zeros``, and an f16 head of a
+quantized table becomes ``output.weight`` (the f16 table, under the head's name), so
+``token_embd.*`` always names what the ``embedding`` op reads. Sharing one quantized table between
+the two would need a quantized-table ``linear`` (q8) or the same group layout for both (q4), and
+the head's codes would then be round-to-nearest on the embedding's grid.
 
 Requires: unquantized (f32) parameters; run after the fusion passes that concatenate weights
 (quantization is row by row, so concatenating rows and quantizing commute; the fused q/k/v and
 gate/up weights share their input and so their Hessian, ``names.input_key``).
-Guarantees: LINEAR attrs carry ``weight_format`` and ``group_size``; a q4 LINEAR's inputs are
+Guarantees: LINEAR and EMBEDDING attrs carry ``weight_format`` and ``group_size``; a q8/q4
+EMBEDDING's inputs are ``table`` (``token_embd.q8weight`` or ``.qweight``), ``scales`` and, when
+asymmetric int4, ``zeros``; a q4 LINEAR's inputs are
 ``qweight``, ``scales`` and optionally ``zeros`` instead of ``weight`` (the LM head's are named
 ``output.*``), plus ``residual_rowptr``, ``residual_cols`` and ``residual_vals`` (weights
 ``<base>.residual_*``) when the recipe keeps a residual; ``meta["quant"]`` records the recipe
 and how it was calibrated. Deterministic: the
 same weights and statistics give the same bytes.
-Not handled: int8 activations; int8 weights; a quantized embedding table (the ``embedding`` op
-reads f16).
+Not handled: int8 activations; int8 linear weights; GPTQ or asymmetric int8 for the embedding table.
 """
 
 from __future__ import annotations
@@ -34,15 +43,15 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from grokc.artifacts import int4
+from grokc.artifacts import int4, int8
 from grokc.artifacts.errors import BuildOptionError
 from grokc.compiler import names
-from grokc.compiler.ir import Module, Node, OpKind, WeightFormat, frozen_array
+from grokc.compiler.ir import EmbeddingAttrs, Module, Node, OpKind, WeightFormat, frozen_array
 
 from ._graph import rebuild_graph, rebuild_module
 from . import sparse_residual
 from .gptq import quantize_gptq_residual
-from .rounding import quantize_rtn
+from .rounding import int8_rtn, quantize_rtn
 
 # Largest --fp16-residual: each kept entry costs 6 bytes (i32 column, f16 value), so at 10% the
 # residual already outweighs the int4 codes it corrects (0.6 vs 0.5 bytes per weight).
@@ -68,12 +77,15 @@ class QuantRecipe:
     damp: float = 0.01                   # GPTQ: fraction of the mean Hessian diagonal added to it
     lm_head: WeightFormat = WeightFormat.F16
     fp16_residual: float = 0.0           # fraction of each int4 weight's entries kept as f16 corrections
+    embeddings: WeightFormat = WeightFormat.F16  # the token embedding table: f16, q8 or q4 (round to nearest)
 
     def __post_init__(self) -> None:
         if self.weight_format not in (WeightFormat.F16, WeightFormat.Q4):
             raise BuildOptionError(f"quantization '{self.name}' must store f16 or q4 weights")
         if self.lm_head not in (WeightFormat.F16, WeightFormat.Q4):
             raise BuildOptionError(f"--lm-head {self.lm_head.value} is not supported; choose fp16 or int4")
+        if self.embeddings not in (WeightFormat.F16, WeightFormat.Q8, WeightFormat.Q4):
+            raise BuildOptionError(f"--embeddings {self.embeddings.value} is not supported; choose fp16, int8 or int4")
         if self.group_size < 0 or (self.group_size and self.group_size % 8):
             raise BuildOptionError(
                 f"--group-size {self.group_size} is invalid; use 0 (per output channel) or a positive multiple of 8"
@@ -123,6 +135,7 @@ class QuantRecipe:
         return {"name": self.name, "weight_format": self.weight_format.value, "group_size": self.group_size,
                 "symmetric": self.symmetric, "rounding": self.rounding.value, "act_order": self.act_order,
                 "clip_search": self.clip_search, "damp": self.damp, "lm_head": self.lm_head.value,
+                "embeddings": self.embeddings.value,
                 **({"fp16_residual": self.fp16_residual} if self.fp16_residual else {})}  # absent when off: same bytes as before
 
 
@@ -190,18 +203,59 @@ def dequantized_weight(w: np.ndarray, recipe: QuantRecipe, hessian: np.ndarray |
     return wq if residual is None else sparse_residual.scatter(wq, *residual)
 
 
+def embedding_group_size(hidden: int, recipe: QuantRecipe) -> int:
+    """The group size of an int4 table: the recipe's when it is > 0 and divides ``hidden``, else 0 (per row)."""
+    return recipe.group_size if recipe.group_size and hidden % recipe.group_size == 0 else 0
+
+
+def quantize_embedding(table: np.ndarray, recipe: QuantRecipe
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
+    """``(codes, scales, zeros, group_size)`` of an f32 embedding table ``[V, H]`` by ``recipe.embeddings``
+    (q8 or q4), as ``kernel_abi``'s ``embedding`` op reads them.
+
+    q4: round-to-nearest (``quantize_rtn``), symmetric or asymmetric by the recipe, one scale per row
+    or per group (``embedding_group_size``); codes packed as ``artifacts/int4.py`` says, u8 ``[V, H/2]``.
+    q8: symmetric round-to-nearest per row (``int8_rtn``), u8 ``[V, H]`` codes with code 128 as zero;
+    ``zeros`` is None and ``group_size`` 0.
+    """
+    h = table.shape[1]
+    if recipe.embeddings is WeightFormat.Q8:
+        codes, scales = int8_rtn(table)
+        return codes, scales, None, 0
+    if h % 8:
+        raise BuildOptionError(f"--embeddings int4 packs 8 codes per word but the hidden size is {h}; "
+                               "choose --embeddings int8 or fp16")
+    gs = embedding_group_size(h, recipe)
+    codes, scales, zeros = quantize_rtn(table, gs, recipe.symmetric)
+    return int4.pack(codes), scales, zeros, gs
+
+
+def dequantized_embedding(table: np.ndarray, recipe: QuantRecipe) -> np.ndarray:
+    """f32 ``[V, H]``: ``table`` as the ``embedding`` op will see it (f16-rounded when the recipe keeps f16)."""
+    if recipe.embeddings is WeightFormat.F16:
+        return table.astype(np.float16).astype(np.float32)
+    codes, scales, zeros, gs = quantize_embedding(table, recipe)
+    return (int4 if recipe.embeddings is WeightFormat.Q4 else int8).dequantize(codes, scales, zeros, gs)
+
+
 def run(module: Module, recipe: QuantRecipe, calibration: Calibration | None = None) -> Module:
-    """Quantize every LINEAR weight by ``recipe`` (GPTQ ones with ``calibration``); embeddings and
-    norms become f16."""
+    """Quantize every LINEAR weight by ``recipe`` (GPTQ ones with ``calibration``) and the embedding
+    table by ``recipe.embeddings``; norms become f16."""
     if recipe.calibrated and calibration is None:
         raise BuildOptionError(f"quantization '{recipe.name}' is calibrated but no calibration statistics were given")
     new_params: dict[str, np.ndarray] = {}
+    tables = {n.inputs["table"] for g in module.graphs.values() for n in g.nodes if n.op is OpKind.EMBEDDING}
     graphs = {}
     for gname, g in module.graphs.items():
         nodes = []
         for n in g.nodes:
             if n.op is OpKind.LINEAR and n.attrs.weight_format is WeightFormat.F32:
-                n = _quantize_linear(n, module, n.outputs[0] in g.outputs, recipe, calibration, new_params)
+                is_head = n.outputs[0] in g.outputs
+                # a tied f16 head of a quantized table keeps the f16 table as a weight of its own
+                untie = is_head and n.inputs["weight"] in tables and recipe.embeddings is not WeightFormat.F16
+                n = _quantize_linear(n, module, is_head, recipe, calibration, new_params, untie)
+            elif n.op is OpKind.EMBEDDING and n.attrs.weight_format is WeightFormat.F32:
+                n = _quantize_embedding(n, module, recipe, new_params)
             nodes.append(n)
         graphs[gname] = rebuild_graph(g, nodes)
     for name, a in module.params.items():  # embeddings, norms, any other f32 weight: f16
@@ -213,12 +267,32 @@ def run(module: Module, recipe: QuantRecipe, calibration: Calibration | None = N
     return rebuild_module(module, graphs, new_params, meta={**module.meta, "quant": quant})
 
 
+def _quantize_embedding(n: Node, module: Module, recipe: QuantRecipe, out: dict) -> Node:
+    tname = n.inputs["table"]
+    fmt = recipe.embeddings
+    if fmt is WeightFormat.F16:
+        out[tname] = frozen_array(module.params[tname].astype(np.float16))
+        return replace(n, attrs=EmbeddingAttrs(fmt))
+    base = tname.removesuffix(".weight")
+    codes_name = f"{base}.q8weight" if fmt is WeightFormat.Q8 else f"{base}.qweight"
+    codes, scales, zeros, gs = quantize_embedding(module.params[tname], recipe)
+    out[codes_name], out[f"{base}.scales"] = frozen_array(codes), frozen_array(scales)
+    inputs = {"tokens": n.inputs["tokens"], "table": codes_name, "scales": f"{base}.scales"}
+    if zeros is not None:
+        out[f"{base}.zeros"] = frozen_array(zeros)
+        inputs["zeros"] = f"{base}.zeros"
+    return Node(n.op, n.name, inputs, n.outputs, EmbeddingAttrs(fmt, gs))
+
+
 def _quantize_linear(n: Node, module: Module, is_head: bool, recipe: QuantRecipe, calibration: Calibration | None,
-                     out: dict) -> Node:
+                     out: dict, untie: bool = False) -> Node:
     wname = n.inputs["weight"]
     w = module.params[wname]
     fmt = recipe.lm_head if is_head else recipe.weight_format
     if fmt is WeightFormat.F16:
+        if untie:
+            out[names.LM_HEAD] = frozen_array(w.astype(np.float16))
+            return replace(n, inputs={**n.inputs, "weight": names.LM_HEAD}, attrs=replace(n.attrs, weight_format=fmt))
         out[wname] = frozen_array(w.astype(np.float16))
         return replace(n, attrs=replace(n.attrs, weight_format=fmt))
     base = names.LM_HEAD.removesuffix(".weight") if is_head else wname.removesuffix(".weight")

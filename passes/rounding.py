@@ -2,7 +2,8 @@
 
 Shared by ``quantize.py`` (plain round-to-nearest) and ``gptq.py`` (calibrated rounding), so both
 produce the same kind of ``(codes, scales, zeros)`` for the packed layout of ``artifacts/int4.py``:
-``W[n, k] ~ (code - zero) * scale`` with f16 scales, ``zero = 8`` when symmetric.
+``W[n, k] ~ (code - zero) * scale`` with f16 scales, ``zero = 8`` when symmetric. ``int8_rtn`` is
+the int8 counterpart (symmetric, per row) for embedding tables.
 """
 
 from __future__ import annotations
@@ -56,6 +57,15 @@ def int4_codes(w: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None) -> n
     if zeros is None:
         return (np.clip(np.rint(w / scales), -8, 7) + 8).astype(np.uint8)
     return np.clip(np.rint(w / scales) + zeros, 0, 15).astype(np.uint8)
+
+
+def int8_rtn(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric round-to-nearest int8 of ``w`` f32 ``[N, K]``, one scale per row: ``(codes u8 [N, K],
+    scales f16 [N, 1])`` with ``W ~ (code - 128) * scale`` (``artifacts/int8.py``), ``scale = absmax / 127``,
+    codes in ``[1, 255]``."""
+    scales = _f16_scale(np.abs(w.astype(np.float32)).max(axis=1, keepdims=True) / 127)   # [N, 1]
+    codes = (np.clip(np.rint(w / scales), -127, 127) + 128).astype(np.uint8)
+    return codes, scales.astype(np.float16)
 
 
 def _f16_scale(s: np.ndarray) -> np.ndarray:

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from grokc.artifacts import int4
+from grokc.artifacts import int4, int8
 from grokc.artifacts.errors import BuildOptionError
-from grokc.passes.quantize import QuantRecipe, quantize_rtn
+from grokc.passes.quantize import QuantRecipe, dequantized_embedding, quantize_embedding, quantize_rtn
 from grokc.compiler.ir import WeightFormat
 
 
@@ -61,3 +61,116 @@ def test_pack_layout_by_hand():
 def test_bad_group_size_is_refused():
     with pytest.raises(BuildOptionError, match="--group-size 12"):
         QuantRecipe("int4", WeightFormat.Q4, group_size=12)
+
+
+# -- the embedding table (--embeddings) ---------------------------------------------------------
+
+def int8_reference(w: np.ndarray) -> np.ndarray:
+    """Dequantized symmetric int8, one row at a time: scale = f16(absmax / 127), codes rint(w / scale)."""
+    out = np.empty_like(w)
+    for r in range(w.shape[0]):
+        s = np.float32(np.float16(np.abs(w[r]).astype(np.float64).max() / 127)) or np.float32(1)
+        out[r] = np.clip(np.rint(w[r].astype(np.float64) / s), -127, 127) * s
+    return out
+
+
+def embedding_recipe(fmt: WeightFormat, **kw) -> QuantRecipe:
+    return QuantRecipe("fp16", WeightFormat.F16, embeddings=fmt, **kw)
+
+
+def table(shift: float = 0.0) -> np.ndarray:
+    w = np.random.default_rng(3).standard_normal((40, 64)).astype(np.float32) + np.float32(shift)
+    w[1] = 0   # an all-zero row
+    return w
+
+
+def test_int8_embedding_matches_reference_and_stores_u8_codes_per_row():
+    w = table()
+    codes, scales, zeros, gs = quantize_embedding(w, embedding_recipe(WeightFormat.Q8))
+    assert codes.dtype == np.uint8 and codes.shape == (40, 64) and scales.shape == (40, 1) and zeros is None
+    assert gs == 0 and codes.min() >= 1                 # symmetric: codes in [1, 255], 128 is zero
+    deq = (codes.astype(np.float32) - 128) * scales.astype(np.float32)
+    np.testing.assert_allclose(deq, int8_reference(w), rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(dequantized_embedding(w, embedding_recipe(WeightFormat.Q8)), deq)
+    step = np.abs(w).max(1, keepdims=True) / 127
+    assert np.all(np.abs(deq - w) <= step / 2 * (1 + 2 ** -10) + 1e-7)   # half a step (f16-rounded scale)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("gs,stored_gs", [(0, 0), (16, 16), (48, 0)])   # 48 does not divide 64: per row
+def test_int4_embedding_is_rtn_per_row_or_group_in_the_packed_layout(symmetric, gs, stored_gs):
+    w = table()
+    recipe = embedding_recipe(WeightFormat.Q4, group_size=gs, symmetric=symmetric)
+    packed, scales, zeros, got_gs = quantize_embedding(w, recipe)
+    assert got_gs == stored_gs and packed.shape == (40, 32) and scales.shape == (40, 64 // (stored_gs or 64))
+    assert (zeros is None) == symmetric
+    deq = int4.dequantize(packed, scales, zeros, stored_gs)
+    np.testing.assert_allclose(deq, reference(w, stored_gs, symmetric), rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(dequantized_embedding(w, recipe), deq)
+    assert np.all(deq[1] == 0)
+    step = np.repeat(scales.astype(np.float32), stored_gs or 64, axis=1)
+    codes = int4.unpack(packed)
+    assert np.all((np.abs(deq - w) <= step / 2 + 1e-6) | (codes == 0) | (codes == 15))
+
+
+def test_embedding_errors_int8_below_int4_and_asymmetric_below_symmetric_on_shifted_rows():
+    w = table(shift=1.5)   # mostly positive rows: a zero-point uses the grid better
+    err = {name: np.abs(dequantized_embedding(w, embedding_recipe(fmt, symmetric=sym)) - w).mean(1)
+           for name, fmt, sym in (("q8", WeightFormat.Q8, True), ("q4s", WeightFormat.Q4, True),
+                                  ("q4a", WeightFormat.Q4, False))}
+    rows = np.arange(40) != 1
+    assert np.all(err["q8"][rows] < err["q4a"][rows]) and np.all(err["q4a"][rows] < err["q4s"][rows])
+    assert np.all(10 * err["q8"][rows] < err["q4s"][rows])   # steps of absmax/127 vs absmax/7
+    np.testing.assert_array_equal(dequantized_embedding(w, embedding_recipe(WeightFormat.F16)),
+                                  w.astype(np.float16).astype(np.float32))
+
+
+def test_int4_embedding_needs_hidden_a_multiple_of_8_and_bad_formats_are_refused():
+    with pytest.raises(BuildOptionError, match="--embeddings int8"):
+        quantize_embedding(np.ones((4, 20), np.float32), embedding_recipe(WeightFormat.Q4))
+    assert quantize_embedding(np.ones((4, 20), np.float32), embedding_recipe(WeightFormat.Q8))[0].shape == (4, 20)
+    with pytest.raises(BuildOptionError, match="--embeddings f32"):
+        embedding_recipe(WeightFormat.F32)
+
+
+def traced_tiny():
+    from grokc.compiler.names import from_hf
+    from grokc.compiler.trace import trace_module
+    from tiny_llama import tiny_config, tiny_weights
+
+    cfg = tiny_config()   # tied LM head
+    return trace_module(cfg, {from_hf(k): v for k, v in tiny_weights(cfg).items()})
+
+
+@pytest.mark.parametrize("fmt,head", [(WeightFormat.Q4, WeightFormat.F16), (WeightFormat.Q8, WeightFormat.F16),
+                                      (WeightFormat.Q4, WeightFormat.Q4), (WeightFormat.F16, WeightFormat.F16)])
+def test_pass_quantizes_the_table_and_a_tied_head_keeps_its_own_weights(fmt, head):
+    from grokc.compiler.ir import OpKind, verify
+    from grokc.passes import quantize
+
+    m = traced_tiny()
+    table_f32 = np.asarray(m.params["token_embd.weight"])
+    recipe = QuantRecipe("int4-rtn", WeightFormat.Q4, group_size=32, symmetric=False, lm_head=head, embeddings=fmt)
+    q = quantize.run(m, recipe)
+    verify(q)
+    g = q.graphs["forward"]
+    emb = next(n for n in g.nodes if n.op is OpKind.EMBEDDING)
+    lm = next(n for n in g.nodes if n.outputs[0] in g.outputs)
+    assert emb.attrs.weight_format is fmt and q.meta["quant"]["embeddings"] == fmt.value
+    if fmt is WeightFormat.F16:       # shared, as before
+        assert emb.inputs["table"] == lm.inputs["weight"] == "token_embd.weight"
+        return
+    codes_name = "token_embd.qweight" if fmt is WeightFormat.Q4 else "token_embd.q8weight"
+    assert emb.inputs["table"] == codes_name and emb.inputs["scales"] == "token_embd.scales"
+    assert ("zeros" in emb.inputs) == (fmt is WeightFormat.Q4)    # int8 is always symmetric
+    assert emb.attrs.group_size == (32 if fmt is WeightFormat.Q4 else 0)
+    assert "token_embd.weight" not in q.params                     # token_embd.* is what the embedding reads
+    zeros = q.params.get("token_embd.zeros")
+    deq = (int4 if fmt is WeightFormat.Q4 else int8).dequantize(q.params[codes_name], q.params["token_embd.scales"],
+                                                                zeros, emb.attrs.group_size)
+    np.testing.assert_array_equal(deq, dequantized_embedding(table_f32, recipe))
+    if head is WeightFormat.F16:   # the f16 table, as the head's own weight
+        assert lm.inputs["weight"] == "output.weight"
+        np.testing.assert_array_equal(q.params["output.weight"], table_f32.astype(np.float16))
+    else:
+        assert lm.inputs["qweight"] == "output.qweight" and "output.weight" not in q.params
