@@ -18,8 +18,15 @@ per slot, ``NB`` = KV blocks in the pool.
 
 Semantics (fp16 storage, fp32 arithmetic unless stated):
 
-``embedding``: ``out[i, :] = table[tokens[i], :]`` for ``i < n``; a token outside ``[0, vocab)``
-  gives a zero row.
+``embedding``: ``out[i, :] = T[tokens[i], :]`` (f16 ``[n, hidden]``) for ``i < n``; a token outside
+  ``[0, vocab)`` gives a zero row. The table ``T [vocab, hidden]`` by ``attrs["weight_format"]``:
+  - ``"f16"``: ``table`` f16 ``[vocab, hidden]``, copied as is; ``scales`` and ``zeros`` null.
+  - ``"q8"``: ``table`` u8 ``[vocab, hidden]``, one code per byte (``artifacts/int8.py``). ``"q4"``: ``table`` u8
+    ``[vocab, hidden/2]`` packed as ``artifacts/int4.py`` says (``hidden % 8 == 0``). Both:
+    ``scales`` f16 ``[vocab, G]``, ``zeros`` f16 ``[vocab, G]`` or null (null means the symmetric
+    code: 128 for q8, 8 for q4), ``G = ceil(hidden / gs)`` with ``gs = group_size`` (0 or a multiple
+    of 8) or ``hidden`` when ``group_size == 0``:
+    ``T[v, h] = (code[v, h] - zero[v, h // gs]) * scale[v, h // gs]`` in f32, rounded to f16 once.
 
 ``linear``: ``out = epilogue(prologue(x) @ W^T)`` with ``x`` f16 ``[M, K]``.
   - prologue: when ``norm`` is not null, each row is RMS-normalised:
@@ -128,7 +135,8 @@ _ATTN_SCALARS = (_i("n_heads"), _i("n_kv_heads"), _i("head_dim"), _i("table_len"
                  _f("scale"), _f("mscale"))
 
 KERNEL_ABI: dict[str, tuple[Param, ...]] = {
-    "embedding": (_p("out"), _p("tokens"), _p("table"), _i("n"), _i("hidden"), _i("vocab")),
+    "embedding": (_p("out"), _p("tokens"), _p("table"), _p("scales", True), _p("zeros", True),
+                  _i("n"), _i("hidden"), _i("vocab"), _i("group_size")),
     "linear": (_p("out"), _p("x"), _p("weight"), _p("scales", True), _p("zeros", True),
                _p("norm", True), _p("residual", True), _p("addend", True),
                _i("M"), _i("N"), _i("K"), _i("group_size"), _f("eps")),
@@ -148,5 +156,6 @@ KERNEL_ABI: dict[str, tuple[Param, ...]] = {
 
 # Variant attributes each op's launches carry (values are strings, part of the kernel's identity).
 KERNEL_VARIANTS: dict[str, dict[str, tuple[str, ...]]] = {
+    "embedding": {"weight_format": ("f16", "q8", "q4")},
     "linear": {"weight_format": ("f16", "q4"), "act": ("none", "silu_mul"), "out_dtype": ("f16", "f32")},
 }

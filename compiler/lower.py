@@ -62,8 +62,9 @@ def _launch(module: Module, g: Graph, mem: MemoryPlan, n: Node, target: Target) 
 
 def _embedding(m: Module, g: Graph, n: Node):
     t, h = g.tensors[n.outputs[0]].shape
-    return "embedding", {}, {"out": n.outputs[0], "tokens": n.inputs["tokens"], "table": n.inputs["table"]}, \
-        {"n": t, "hidden": h, "vocab": m.params[n.inputs["table"]].shape[0]}
+    refs = {r: n.inputs.get(r) for r in ("tokens", "table", "scales", "zeros")}
+    return "embedding", {"weight_format": n.attrs.weight_format.value}, {"out": n.outputs[0], **refs}, \
+        {"n": t, "hidden": h, "vocab": m.params[n.inputs["table"]].shape[0], "group_size": n.attrs.group_size}
 
 
 def _linear(m: Module, g: Graph, n: Node):

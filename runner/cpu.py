@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from grokc.artifacts import int4
+from grokc.artifacts import int4, int8
 from grokc.artifacts.errors import ArtifactError
 from grokc.artifacts.kernel_abi import KERNEL_ABI, KERNEL_VARIANTS, KV_BLOCK_SIZE, ArgKind
 from grokc.artifacts.plan import Buffer, Launch, Plan
@@ -70,13 +70,31 @@ def _variant(attrs: Mapping[str, str], op: str, key: str) -> str:
 
 def embedding(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
     n, hidden, vocab = args["n"], args["hidden"], args["vocab"]
+    fmt = _variant(attrs, "embedding", "weight_format")
     tokens = _arr(args, "tokens", I32, n).astype(np.int64)  # [n]
-    table = _arr(args, "table", F16, vocab, hidden)          # [vocab, H]
     out = _arr(args, "out", F16, n, hidden)                  # [n, H]
     valid = (tokens >= 0) & (tokens < vocab)
     rows = np.zeros((n, hidden), F16)                        # out-of-range tokens: zero rows
-    rows[valid] = table[tokens[valid]]
+    if fmt == "f16":
+        rows[valid] = _arr(args, "table", F16, vocab, hidden)[tokens[valid]]
+    else:
+        rows[valid] = _dequantized_rows(args, fmt, tokens[valid])
     out[...] = rows
+
+
+def _dequantized_rows(args: dict[str, Any], fmt: str, pick: np.ndarray) -> np.ndarray:
+    """f32 ``[len(pick), H]``: rows ``pick`` of a q8/q4 embedding table, dequantized."""
+    hidden, vocab, gs = args["hidden"], args["vocab"], args["group_size"]
+    if gs < 0 or gs % 8 or (fmt == "q4" and hidden % 8):
+        raise ArtifactError(f"{fmt} embedding with hidden={hidden}, group_size={gs}: group_size must be 0 or a "
+                            "multiple of 8 (and hidden a multiple of 8 for q4); rebuild the artifact with this grokc")
+    groups = -(-hidden // (gs or hidden))
+    scales = _arr(args, "scales", F16, vocab, groups)[pick]  # [r, G]
+    zeros = _opt(args, "zeros", F16, vocab, groups)          # [vocab, G] or None: the symmetric code
+    zeros = None if zeros is None else zeros[pick]
+    if fmt == "q4":
+        return int4.dequantize(_arr(args, "table", U8, vocab, hidden // 2)[pick], scales, zeros, gs)  # [r, H]
+    return int8.dequantize(_arr(args, "table", U8, vocab, hidden)[pick], scales, zeros, gs)           # [r, H]
 
 
 def dense_weight(args: dict[str, Any], attrs: Mapping[str, str]) -> np.ndarray:

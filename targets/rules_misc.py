@@ -7,6 +7,9 @@ Same module protocol as ``rules_attention``: ``RULES`` (op -> ordered rules, fal
 - sample: ``sample_block``, one block of 1024 threads per row, for vocabularies up to 262144
   (2048 chunks of 128 tokens in the final walk). Larger vocabularies have no kernel yet.
 - embedding / take_last: 16-byte copies when ``hidden % 8 == 0``, else a per-element fallback.
+  Quantized tables (``attrs["weight_format"]``): q4 reads 16 bytes (32 codes) per thread step when
+  ``hidden % 32 == 0``, else one 32-bit word (the layout needs ``hidden % 8 == 0``; no fallback
+  below that); q8 reads 8 codes per step when ``hidden % 8 == 0``, else one.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from .base import KernelCall, KernelChoice, KernelRule, Target, c_params
 HEADERS: tuple[str, ...] = ("pdl.cuh", "sample.cuh", "misc.cuh")
 
 _PTR_TYPES = {
-    "embedding": {"out": "half*", "tokens": "const int*", "table": "const half*"},
+    "embedding": {"out": "half*", "tokens": "const int*", "table": "const void*", "scales": "const half*",
+                  "zeros": "const half*"},
     "take_last": {"out": "half*", "x": "const half*", "n_real": "const int*"},
     "sample": {
         "logits": "const float*", "slot": "const int*", "n_real": "const int*", "temperature": "const float*",
@@ -40,16 +44,23 @@ def sample_block(call: KernelCall, target: Target) -> KernelChoice | None:
     return KernelChoice("sample_rows_t1024", (int(call.dims["M"]), 1, 1), (SAMPLE_THREADS, 1, 1), 0, "sample_block")
 
 
-def embedding_v8(call: KernelCall, target: Target) -> KernelChoice | None:
-    hidden = int(call.dims["hidden"])
-    if hidden % 8:
-        return None
-    return KernelChoice("embedding_v8", (int(call.dims["n"]), 1, 1), _copy_block(hidden // 8), 0, "embedding_v8")
+def _embedding_rule(fmt: str, width: int):
+    """The rule for a ``fmt`` table whose rows ``width`` codes per thread step cover exactly."""
+    symbol = {"f16": f"embedding_v{width}", "q8": f"embedding_q8_v{width}", "q4": f"embedding_q4_w{width // 8}"}[fmt]
+
+    def rule(call: KernelCall, target: Target) -> KernelChoice | None:
+        hidden = int(call.dims["hidden"])
+        if call.attrs.get("weight_format", "f16") != fmt or hidden % width:
+            return None
+        return KernelChoice(symbol, (int(call.dims["n"]), 1, 1), _copy_block(hidden // width), 0, symbol)
+
+    rule.__name__ = symbol
+    return rule
 
 
-def embedding_v1(call: KernelCall, target: Target) -> KernelChoice | None:
-    hidden = int(call.dims["hidden"])
-    return KernelChoice("embedding_v1", (int(call.dims["n"]), 1, 1), _copy_block(hidden), 0, "embedding_v1")
+embedding_v8, embedding_v1 = _embedding_rule("f16", 8), _embedding_rule("f16", 1)
+embedding_q8_v8, embedding_q8_v1 = _embedding_rule("q8", 8), _embedding_rule("q8", 1)
+embedding_q4_w4, embedding_q4_w1 = _embedding_rule("q4", 32), _embedding_rule("q4", 8)
 
 
 def take_last_v8(call: KernelCall, target: Target) -> KernelChoice | None:
@@ -65,7 +76,7 @@ def take_last_v1(call: KernelCall, target: Target) -> KernelChoice | None:
 
 RULES: dict[str, list[KernelRule]] = {
     "sample": [sample_block],
-    "embedding": [embedding_v8, embedding_v1],
+    "embedding": [embedding_v8, embedding_v1, embedding_q8_v8, embedding_q8_v1, embedding_q4_w4, embedding_q4_w1],
     "take_last": [take_last_v8, take_last_v1],
 }
 
@@ -73,6 +84,10 @@ _SOURCES = {
     "sample_rows_t1024": ("sample", "grokc_sample::sample_rows", SAMPLE_THREADS),
     "embedding_v8": ("embedding", "grokc_misc::embedding_rows<8>", 256),
     "embedding_v1": ("embedding", "grokc_misc::embedding_rows<1>", 256),
+    "embedding_q8_v8": ("embedding", "grokc_misc::embedding_q8_rows<8>", 256),
+    "embedding_q8_v1": ("embedding", "grokc_misc::embedding_q8_rows<1>", 256),
+    "embedding_q4_w4": ("embedding", "grokc_misc::embedding_q4_rows<4>", 256),
+    "embedding_q4_w1": ("embedding", "grokc_misc::embedding_q4_rows<1>", 256),
     "take_last_v8": ("take_last", "grokc_misc::take_last_row<8>", 256),
     "take_last_v1": ("take_last", "grokc_misc::take_last_row<1>", 256),
 }

@@ -186,9 +186,57 @@ def test_embedding_rows_and_out_of_range_tokens():
     table = np.random.default_rng(1).standard_normal((10, 8)).astype(F16)
     tokens = np.array([3, -1, 9, 10, 0, 4], I32)   # the last one is past n
     out = np.full((7, 8), 5, F16)
-    OPS["embedding"](dict(out=out, tokens=tokens, table=table, n=5, hidden=8, vocab=10), {})
+    OPS["embedding"](dict(out=out, tokens=tokens, table=table, scales=None, zeros=None, n=5, hidden=8, vocab=10,
+                          group_size=0), {})
     want = [table[3], np.zeros(8), table[9], np.zeros(8), table[0], np.full(8, 5), np.full(8, 5)]
     np.testing.assert_array_equal(out, np.array(want, F16))
+
+
+def quantized_table(fmt: str, vocab: int, hidden: int, gs: int, asym: bool, seed: int):
+    """Random (stored table, scales, zeros, codes [V, H]) of a q8/q4 embedding; integer-valued zero-points as
+    the quantizer makes them, so (code - zero) * scale is exact in f32 and the only rounding is to f16."""
+    gen = np.random.default_rng(seed)
+    groups = -(-hidden // (gs or hidden))
+    scales = gen.uniform(0.01, 0.2, (vocab, groups)).astype(F16)
+    if fmt == "q4":
+        packed = gen.integers(0, 256, (vocab, hidden // 2), dtype=np.uint8)
+        codes = ref_unpack(packed)
+        zeros = gen.integers(0, 16, (vocab, groups)).astype(F16) if asym else None
+        return packed, scales, zeros, codes
+    codes = gen.integers(0, 256, (vocab, hidden), dtype=np.uint8)
+    zeros = gen.integers(0, 256, (vocab, groups)).astype(F16) if asym else None
+    return codes, scales, zeros, codes.astype(np.int64)
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+@pytest.mark.parametrize("gs,asym", [(0, False), (0, True), (16, True), (32, False)])   # 32: a short last group
+def test_quantized_embedding_rows_match_reference(fmt, gs, asym):
+    vocab, hidden, n = 12, 48, 6
+    table, scales, zeros, codes = quantized_table(fmt, vocab, hidden, gs, asym, seed=gs + asym)
+    tokens = np.array([3, -1, 11, 12, 0, 3, 7], I32)   # -1 and 12 out of range; the last one is past n
+    out = np.full((7, hidden), 5, F16)
+    OPS["embedding"](dict(out=out, tokens=tokens, table=table, scales=scales, zeros=zeros, n=n, hidden=hidden,
+                          vocab=vocab, group_size=gs), {"weight_format": fmt})
+    group = np.arange(hidden) // (gs or hidden)                       # column -> group
+    midpoint = 8 if fmt == "q4" else 128
+    for i, t in enumerate(tokens[:n]):
+        if not 0 <= t < vocab:
+            want = np.zeros(hidden)
+        else:
+            zero = np.full(hidden, midpoint, np.float64) if zeros is None else zeros[t, group].astype(np.float64)
+            want = (codes[t] - zero) * scales[t, group].astype(np.float64)
+        np.testing.assert_array_equal(out[i], want.astype(F16), err_msg=f"row {i}")
+    np.testing.assert_array_equal(out[n], np.full(hidden, 5, F16))   # rows past n untouched
+
+
+def test_quantized_embedding_refuses_a_group_size_off_the_8_grid():
+    table, scales, zeros, _ = quantized_table("q4", 4, 48, 0, False, seed=0)
+    args = dict(out=np.zeros((1, 48), F16), tokens=np.array([1], I32), table=table,
+                scales=np.ones((4, 4), F16), zeros=None, n=1, hidden=48, vocab=4, group_size=12)
+    with pytest.raises(ArtifactError, match="group_size"):
+        OPS["embedding"](args, {"weight_format": "q4"})
+    with pytest.raises(ArtifactError, match="weight_format"):
+        OPS["embedding"]({**args, "group_size": 0, "scales": scales}, {"weight_format": "q2"})
 
 
 def test_take_last():
@@ -509,8 +557,8 @@ def tiny_plan(op: str = "embedding") -> tuple[Plan, dict[str, np.ndarray]]:
     ]}
     launches = (
         Launch(op, "k_emb", (1, 1, 1), (32, 1, 1), 0, node="embed",
-               args=_args("embedding", out="buf:x", tokens="buf:io.prompt", table="w:emb",
-                          n=4, hidden=16, vocab=10)),
+               args=_args("embedding", out="buf:x", tokens="buf:io.prompt", table="w:emb", scales=None,
+                          zeros=None, n=4, hidden=16, vocab=10, group_size=0)),
         Launch("linear", "k_lin", (1, 1, 1), (32, 1, 1), 0, node="head",
                attrs={"weight_format": "q4", "act": "none", "out_dtype": "f32"},
                args=_args("linear", out="buf:y", x="buf:x", weight="w:w", scales="w:s", zeros=None,

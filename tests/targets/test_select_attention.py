@@ -42,6 +42,8 @@ def model_calls() -> list[KernelCall]:
     calls += [decode(m, B, mb) for m in MODELS for B in (1, 4, 8, 32) for mb in (64, 512)]
     calls += [KernelCall("sample", dims=dict(M=M, V=V, n_eos=2, max_out=256)) for M in (1, 8) for V in (49152, 128256)]
     calls += [KernelCall("embedding", dims=dict(n=n, hidden=h, vocab=128256)) for n in (1, 512) for h in (576, 2048, 100)]
+    calls += [KernelCall("embedding", {"weight_format": f}, dict(n=n, hidden=h, vocab=128256, group_size=0))
+              for f, hs in (("q8", (576, 2048, 100)), ("q4", (576, 2048, 40))) for n in (1, 512) for h in hs]
     calls += [KernelCall("take_last", dims=dict(hidden=h)) for h in (576, 4096, 100)]
     return calls
 
@@ -118,6 +120,16 @@ def test_sample_embedding_take_last_choices():
         select(KernelCall("sample", dims=dict(M=1, V=rm.SAMPLE_MAX_VOCAB + 1, n_eos=1, max_out=9)), sm90)
     assert select(KernelCall("embedding", dims=dict(n=7, hidden=576, vocab=10)), sm90).grid == (7, 1, 1)
     assert select(KernelCall("embedding", dims=dict(n=7, hidden=100, vocab=10)), sm90).kernel == "embedding_v1"
+    def quantized(f: str, h: int):
+        return select(KernelCall("embedding", {"weight_format": f}, dict(n=7, hidden=h, vocab=10, group_size=0)), sm90)
+
+    q = {f: {h: quantized(f, h) for h in ((2048, 40) if f == "q4" else (2048, 40, 100))} for f in ("q4", "q8")}
+    assert (q["q4"][2048].kernel, q["q4"][2048].grid, q["q4"][2048].block) == ("embedding_q4_w4", (7, 1, 1), (64, 1, 1))
+    assert q["q4"][40].kernel == "embedding_q4_w1"
+    with pytest.raises(UnsupportedOp):
+        quantized("q4", 100)   # the packed layout needs hidden % 8 == 0
+    assert (q["q8"][2048].kernel, q["q8"][2048].block) == ("embedding_q8_v8", (256, 1, 1))
+    assert q["q8"][40].kernel == "embedding_q8_v8" and q["q8"][100].kernel == "embedding_q8_v1"
     assert select(KernelCall("take_last", dims=dict(hidden=2048)), sm90).kernel == "take_last_v8"
     assert select(KernelCall("take_last", dims=dict(hidden=2050)), sm90).kernel == "take_last_v1"
 
