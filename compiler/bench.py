@@ -25,14 +25,15 @@ Progress = Callable[[str], None]
 
 
 def decode_bytes(plan: Plan, weights: dict[str, int], cfg: ModelConfig, batch: int, context: int) -> int:
-    """Bytes one decode step must read: its weights once (one embedding row per slot) + the KV cache."""
+    """Bytes one decode step must read: its weights once (one embedding row per slot: of the table and
+    of its scales and zeros when quantized) + the KV cache."""
     total = 0
     for launch in plan.graphs[f"decode_{batch}"].launches:
         for arg in launch.args:
             if arg.weight is None:
                 continue
-            if launch.op == "embedding":
-                total += batch * cfg.hidden_size * 2
+            if launch.op == "embedding":   # every embedding weight has one row per token of the vocabulary
+                total += batch * (weights[arg.weight] // cfg.vocab_size)
             else:
                 total += weights[arg.weight]
     kv = cfg.num_layers * 2 * batch * context * cfg.kv_dim * 2

@@ -42,6 +42,7 @@ class BuildOptions:
     symmetric: bool | None = None     # None: the recipe's own
     lm_head: str | None = None        # "fp16" or "int4"; None: the recipe's own (fp16)
     fp16_residual: float | None = None  # fraction of int4 weights kept as f16 corrections; None: the recipe's (0)
+    embeddings: str | None = None     # "fp16", "int8" or "int4"; None: the recipe's own (fp16)
     batch: int = 4
     buckets: tuple[int, ...] = (128, 512)
     max_seq: int = 2048
@@ -70,13 +71,18 @@ class BuildOptions:
             raise BuildOptionError(f"unknown --quant '{self.quant}'; choose one of: {', '.join(QUANT)}")
         if self.lm_head not in (None, *_HEAD_FORMATS):
             raise BuildOptionError(f"unknown --lm-head '{self.lm_head}'; choose one of: {', '.join(_HEAD_FORMATS)}")
+        if self.embeddings not in (None, *_EMBEDDING_FORMATS):
+            raise BuildOptionError(f"unknown --embeddings '{self.embeddings}'; choose one of: "
+                                   f"{', '.join(_EMBEDDING_FORMATS)}")
         overrides = {"group_size": self.group_size, "symmetric": self.symmetric,
-                     "lm_head": _HEAD_FORMATS.get(self.lm_head), "fp16_residual": self.fp16_residual}
+                     "lm_head": _HEAD_FORMATS.get(self.lm_head), "fp16_residual": self.fp16_residual,
+                     "embeddings": _EMBEDDING_FORMATS.get(self.embeddings)}
         recipe = replace(QUANT[self.quant], **{k: v for k, v in overrides.items() if v is not None})
         return CompileOptions(StaticShapes(self.batch, tuple(self.buckets), self.max_seq, self.kv_blocks), recipe)
 
 
 _HEAD_FORMATS = {"fp16": WeightFormat.F16, "int4": WeightFormat.Q4}
+_EMBEDDING_FORMATS = {"fp16": WeightFormat.F16, "int8": WeightFormat.Q8, "int4": WeightFormat.Q4}
 
 
 def build(model_path: str | Path, out: str | Path, opts: BuildOptions, progress: Progress = lambda s: None) -> Manifest:

@@ -13,7 +13,8 @@ by ``numpy.random.default_rng(opts.seed)``, so the statistics are a function of 
 
 Sequential (``opts.sequential``): the blocks are calibrated one after another, and each block's
 outputs are recomputed with its weights already quantized (by the same function the pass uses),
-so a block's statistics see the errors of the blocks before it, as at inference.
+so a block's statistics see the errors of the blocks before it, as at inference; a quantized
+embedding table is dequantized before block 0 for the same reason.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ import torch
 from tokenizers import Tokenizer
 
 from grokc.artifacts.errors import BuildOptionError
-from grokc.passes.quantize import Calibration, QuantRecipe, dequantized_weight
+from grokc.passes.quantize import Calibration, QuantRecipe, dequantized_embedding, dequantized_weight
 
 from . import names
+from .ir import WeightFormat
 from .frontends import LoadedModel
 from .models.llama import Llama
 from .quality import pydoc_text, reference_model
@@ -79,6 +81,10 @@ def calibrate(loaded: LoadedModel, recipe: QuantRecipe, opts: CalibrationOptions
     if opts.sequential:
         def quantize(name: str, w: np.ndarray, h: np.ndarray) -> np.ndarray:
             return dequantized_weight(w, recipe, h)
+
+        if recipe.embeddings is not WeightFormat.F16:   # block 0 sees the embedding rows the artifact holds
+            table = model.token_embd.weight
+            table.copy_(torch.from_numpy(dequantized_embedding(table.numpy(), recipe)))
     hessians = collect(model, wins, quantize, progress)
     return Calibration(hessians, opts.to_json())
 

@@ -80,6 +80,7 @@ def build(
     group_size: Optional[int] = typer.Option(None, "--group-size", help="int4 scale group along the input dim, overriding the recipe's; 0 = one scale per output channel."),
     symmetric: Optional[bool] = typer.Option(None, "--symmetric/--asymmetric", help="int4 codes without / with a zero-point per scale (default: the recipe's)."),
     lm_head: Optional[str] = typer.Option(None, "--lm-head", help="LM head weights: fp16 (default) or int4 (the recipe's rounding; a quarter of the bytes a decode step reads for it)."),
+    embeddings: Optional[str] = typer.Option(None, "--embeddings", help="Token embedding table: fp16 (default), int8 (symmetric, one scale per row) or int4 (round to nearest per row, or per --group-size group when it divides the hidden size; --symmetric/--asymmetric apply); a tied fp16 LM head keeps its own fp16 copy."),
     fp16_residual: Optional[str] = typer.Option(None, "--fp16-residual", help="Keep this fraction of each int4 weight's entries, those the int4 grid serves worst, as exact f16 corrections beside the codes, e.g. 0.5% (or 0.005); off by default."),
     calib_samples: int = typer.Option(32, "--calib-samples", help="Calibrated recipes: windows of calibration text (the calibration half of Python's pydoc topics, never evaluated)."),
     calib_tokens: int = typer.Option(512, "--calib-tokens", help="Calibrated recipes: tokens per calibration window."),
@@ -102,6 +103,7 @@ def build(
     from .calibrate import CalibrationOptions
 
     opts = BuildOptions(archs=tuple(arch), quant=quant, group_size=group_size, symmetric=symmetric, lm_head=lm_head,
+                        embeddings=embeddings,
                         fp16_residual=None if fp16_residual is None else _fraction(fp16_residual, "--fp16-residual"),
                         batch=batch, buckets=_csv_ints(buckets, "--buckets"), max_seq=max_seq, kv_blocks=kv_blocks,
                         check_ir=DEBUG["on"], synthetic_seed=seed if synthetic_weights else None,

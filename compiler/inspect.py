@@ -40,7 +40,7 @@ def render(info: dict) -> str:
         f"{c['num_kv_heads']} x {c['head_dim']}, ffn {c['intermediate_size']}, vocab {c['vocab_size']}",
         f"quant    {q['name']}: {q['weight_format']} linears, group {q['group_size'] or 'per-channel'}, "
         f"{'symmetric' if q['symmetric'] else 'asymmetric'}, {q.get('rounding', 'rtn')}; LM head "
-        f"{q.get('lm_head', 'f16')}, embeddings and norms f16"
+        f"{q.get('lm_head', 'f16')}, embeddings {q.get('embeddings', 'f16')}, norms f16"
         + (f"; fp16 residual {q['fp16_residual']:.3g} of the int4 weights" if q.get("fp16_residual") else ""),
         *([f"quality  perplexity {r['ppl_artifact']} vs {r['ppl_reference']} unquantized ({r['ppl_increase']:+.1%}), "
            f"top-1 {r['top1_agreement']}, KL {r['kl_mean']} on {r['tokens']} held-out tokens"]

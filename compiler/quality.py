@@ -29,7 +29,7 @@ import torch
 from grokc.artifacts.errors import ArtifactError
 from grokc.artifacts.store import open_artifact
 
-from grokc.artifacts import int4
+from grokc.artifacts import int4, int8
 from grokc.passes import sparse_residual
 
 from . import names
@@ -102,7 +102,7 @@ def stored_weights(module: Module) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for n in g.nodes:
         if n.op is OpKind.EMBEDDING:
-            out[n.inputs["table"]] = np.asarray(module.params[n.inputs["table"]], np.float32)
+            out[n.inputs["table"].rsplit(".", 1)[0] + ".weight"] = _dense_table(module, n)   # token_embd.weight
         if n.op is not OpKind.LINEAR:
             continue
         if "norm" in n.inputs:
@@ -119,6 +119,16 @@ def stored_weights(module: Module) -> dict[str, np.ndarray]:
         for p, chunk in zip(parts, np.split(w, np.cumsum(sizes)[:-1])):
             out[names.layer(int(layer), p)] = chunk
     return out
+
+
+def _dense_table(module: Module, n: Node) -> np.ndarray:
+    """f32 ``[V, H]``: the embedding table as the ``embedding`` op reads it (q8/q4 codes dequantized)."""
+    p, fmt = module.params, n.attrs.weight_format
+    if fmt not in (WeightFormat.Q8, WeightFormat.Q4):
+        return np.asarray(p[n.inputs["table"]], np.float32)
+    zeros = None if "zeros" not in n.inputs else p[n.inputs["zeros"]]
+    dequantize = int4.dequantize if fmt is WeightFormat.Q4 else int8.dequantize
+    return dequantize(p[n.inputs["table"]], p[n.inputs["scales"]], zeros, n.attrs.group_size)
 
 
 def _dense(module: Module, n: Node) -> np.ndarray:

@@ -23,6 +23,7 @@ from grokc.targets import KernelCall, Target, select
 
 CONFIG_CONSTANTS = frozenset({TABLE, "rope_inv_freq", EOS_IDS})
 CODE_STD = 4.6  # standard deviation of (code - 8) for uniform codes in [0, 16)
+CODE8_STD = 73.9  # standard deviation of (code - 128) for uniform codes in [0, 256) (q8 embedding tables)
 
 
 def specs(params: Mapping[str, np.ndarray], seed: int) -> dict[str, SyntheticTensor]:
@@ -30,8 +31,11 @@ def specs(params: Mapping[str, np.ndarray], seed: int) -> dict[str, SyntheticTen
     for i, name in enumerate(sorted(n for n in params if n not in CONFIG_CONSTANTS)):
         a = params[name]
         tensor_seed = (seed + i * 0x9E3779B1) & 0x7FFFFFFF
-        if name.endswith(".qweight"):
+        if name.endswith((".qweight", ".q8weight")):
             fill, scale = Fill.BYTES, 0.0
+        elif name.endswith(".scales") and name.replace(".scales", ".q8weight") in params:
+            k = params[name.replace(".scales", ".q8weight")].shape[1]
+            fill, scale = Fill.POSITIVE, 1.0 / (CODE8_STD * np.sqrt(k))
         elif name.endswith(".scales"):
             k = params[name.replace(".scales", ".qweight")].shape[1] * 2
             fill, scale = Fill.POSITIVE, 1.0 / (CODE_STD * np.sqrt(k))
