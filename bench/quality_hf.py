@@ -1,0 +1,167 @@
+"""Perplexity of artifacts' weights measured by transformers, independently of grokc's model and plan.
+
+transformers' ``LlamaForCausalLM`` is loaded from the GGUF (dequantized to fp32, q/k rows
+un-permuted by transformers' own GGUF loader): the reference. For each artifact, a copy gets every
+weight replaced by what the artifact stores (int4 linears dequantized from their packed codes by
+this file's own reading of the documented layout, not by grokc's ``int4.dequantize``, plus the
+``--fp16-residual`` CSR where there is one; fused q/k/v and gate/up split back; f16 norms and
+embeddings), and transformers computes the perplexity of both on held-out text: the pydoc
+evaluation split (never used for calibration), and each ``--text`` file (text that is neither).
+Also reported per artifact: top-1 agreement of its next-token argmax with the reference's, and the
+largest relative (Frobenius) error of one of its weight matrices against the reference's (f16
+rounding gives ~2e-4; a q/k/v or gate/up split out of transformers' row order gives ~1). grokc's
+own code is used only to read the artifact's files and the pydoc split's text.
+
+    python bench/quality_hf.py dist/int4 dist/int4-rtn ... --model SmolLM2-135M-Instruct.Q4_1.gguf \
+        [--text /usr/share/common-licenses/GPL-3] [--tokens 4096] [--context 512]
+
+Prints one JSON document: per text, the reference perplexity and each artifact's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from grokc.artifacts.store import open_artifact
+from grokc.compiler.quality import pydoc_text
+
+_HF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+       "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+       "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+# Stored tensors that are not model weights (RoPE tables, the sampler's EOS ids).
+_NOT_WEIGHTS = {"rope_inv_freq", "rope_table", "sampling.eos_ids"}
+# artifacts/int4.py's layout: in each little-endian u32 word of a row, nibble j holds code _NIBBLE[j]
+# of that word's 8 consecutive codes.
+_NIBBLE = [0, 2, 4, 6, 1, 3, 5, 7]
+
+
+def dequantize_q4(packed: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None, group_size: int) -> np.ndarray:
+    """f32 ``[N, K]`` = (code - zero) * scale from ``u8 [N, K/2]`` packed codes; zero 8 when symmetric."""
+    n = packed.shape[0]
+    words = np.ascontiguousarray(packed).view("<u4")                     # [N, K/8]
+    codes = np.empty((n, words.shape[1], 8), np.float32)
+    for j, e in enumerate(_NIBBLE):
+        codes[:, :, e] = (words >> np.uint32(4 * j)) & np.uint32(0xF)
+    codes = codes.reshape(n, -1)
+    col_group = np.arange(codes.shape[1]) // (group_size or codes.shape[1])
+    zero = np.float32(8) if zeros is None else np.asarray(zeros, np.float32)[:, col_group]
+    return (codes - zero) * np.asarray(scales, np.float32)[:, col_group]
+
+
+def artifact_state(path: Path, cfg) -> dict[str, torch.Tensor]:
+    """transformers' state-dict names -> the artifact's weights as f32 tensors. Refuses an artifact
+    holding a tensor this reading does not consume (e.g. a sparse correction), rather than measure
+    it without."""
+    art = open_artifact(path)
+    w = art.weights()
+    gs = art.manifest.quant["group_size"]
+    used = set(_NOT_WEIGHTS)
+
+    def take(name: str) -> np.ndarray:
+        used.add(name)
+        return np.asarray(w[name], np.float32)
+
+    def dense(base: str) -> np.ndarray:
+        if f"{base}.qweight" in w:
+            used.update(f"{base}.{s}" for s in ("qweight", "scales", "zeros"))
+            out = dequantize_q4(np.asarray(w[f"{base}.qweight"]), np.asarray(w[f"{base}.scales"]),
+                                w.get(f"{base}.zeros"), gs)
+            if f"{base}.residual_vals" in w:  # --fp16-residual, CSR of f16 corrections: out[row, col] += val
+                roles = [f"{base}.residual_{s}" for s in ("rowptr", "cols", "vals")]
+                used.update(roles)
+                rowptr, cols, vals = (np.asarray(w[r]) for r in roles)
+                rows = np.repeat(np.arange(out.shape[0]), np.diff(rowptr.astype(np.int64)))
+                np.add.at(out, (rows, cols.astype(np.int64)), vals.astype(np.float32))
+            return out
+        return take(f"{base}.weight")
+
+    q, kv, ff = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
+    out = {"model.embed_tokens.weight": take("token_embd.weight"), "model.norm.weight": take("output_norm.weight"),
+           "lm_head.weight": dense("output") if "output.qweight" in w or "output.weight" in w
+           else take("token_embd.weight")}
+    for i in range(cfg.num_hidden_layers):
+        pre = f"model.layers.{i}."
+        qkv, gu = dense(f"blk.{i}.attn_qkv"), dense(f"blk.{i}.ffn_gate_up")
+        assert qkv.shape[0] == q + 2 * kv and gu.shape[0] == 2 * ff, (qkv.shape, gu.shape)
+        parts = {"attn_q": qkv[:q], "attn_k": qkv[q:q + kv], "attn_v": qkv[q + kv:], "ffn_gate": gu[:ff],
+                 "ffn_up": gu[ff:], "attn_output": dense(f"blk.{i}.attn_output"), "ffn_down": dense(f"blk.{i}.ffn_down"),
+                 "attn_norm": take(f"blk.{i}.attn_norm.weight"), "ffn_norm": take(f"blk.{i}.ffn_norm.weight")}
+        out.update({pre + _HF[k] + ".weight": v for k, v in parts.items()})
+    unread = sorted(set(w) - used)
+    if unread:
+        raise SystemExit(f"{path}: stores {len(unread)} tensors this script does not read ({', '.join(unread[:4])}, ...); "
+                         "teach artifact_state how they change the weights before measuring it")
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in out.items()}
+
+
+@torch.no_grad()
+def evaluate(model, ids: list[int], tokens: int, context: int, ref_top1: list[torch.Tensor] | None = None):
+    """transformers' loss over ``tokens`` tokens cut into windows of ``context`` -> (perplexity,
+    each window's next-token argmax, top-1 agreement with ``ref_top1``)."""
+    nll, n, top1, agree = 0.0, 0, [], 0
+    for k, start in enumerate(range(0, tokens - context + 1, context)):
+        window = torch.tensor([ids[start:start + context]])
+        out = model(input_ids=window, labels=window)     # loss: mean over the context - 1 predictions
+        nll, n = nll + float(out.loss) * (context - 1), n + context - 1
+        top1.append(out.logits[0, :-1].argmax(-1))
+        if ref_top1 is not None:
+            agree += int((top1[-1] == ref_top1[k]).sum())
+    return math.exp(nll / n), top1, agree / n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("artifacts", nargs="+", type=Path)
+    ap.add_argument("--model", required=True, type=Path, help="the GGUF the artifacts were built from")
+    ap.add_argument("--text", action="append", type=Path, default=[], help="another held-out text file")
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--context", type=int, default=512)
+    args = ap.parse_args()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sha = hashlib.sha256(args.model.read_bytes()).hexdigest()
+    for path in args.artifacts:
+        if open_artifact(path).manifest.source["sha256"] != sha:
+            raise SystemExit(f"{path} was not built from {args.model}")
+    kw = dict(gguf_file=args.model.name)
+    ref = AutoModelForCausalLM.from_pretrained(str(args.model.parent), dtype=torch.float32, **kw).eval()
+    tok = AutoTokenizer.from_pretrained(str(args.model.parent), **kw)
+    texts = {"pydoc eval split": pydoc_text("eval"), **{str(p): p.read_text() for p in args.text}}
+    ids = {name: tok(t).input_ids for name, t in texts.items()}
+    for name, i in ids.items():
+        if len(i) < args.tokens:
+            raise SystemExit(f"{name} has only {len(i)} tokens; pass --tokens {len(i) // args.context * args.context}")
+    result, ref_top1 = {}, {}
+    for name, i in ids.items():
+        ppl, ref_top1[name], _ = evaluate(ref, i, args.tokens, args.context)
+        result[name] = {"tokens": args.tokens, "context": args.context, "text_tokens": len(i), "reference": round(ppl, 3)}
+    ref_state = {k: v.detach() for k, v in ref.state_dict().items()}
+    for path in args.artifacts:
+        model = copy.deepcopy(ref)
+        state = artifact_state(path, ref.config)
+        ref_w = {k: ref_state.get(k, ref_state["model.embed_tokens.weight"]) for k in state}   # a tied head
+        err = {k: float((v - ref_w[k]).norm() / ref_w[k].norm()) for k, v in state.items()}
+        worst = max(err, key=err.get)
+        # A tied head quantized on its own (--lm-head int4) must not overwrite the shared embedding.
+        model.lm_head.weight = torch.nn.Parameter(state.pop("lm_head.weight"), requires_grad=False)
+        keys = model.load_state_dict(state, strict=False)
+        assert not keys.unexpected_keys and set(keys.missing_keys) <= {"lm_head.weight"}, keys
+        for name, i in ids.items():
+            ppl, _, agree = evaluate(model, i, args.tokens, args.context, ref_top1[name])
+            result[name][path.name] = {"ppl": round(ppl, 3), "increase": f"{ppl / result[name]['reference'] - 1:+.1%}",
+                                       "top1_agreement": round(agree, 4)}
+        result.setdefault("weights", {})[path.name] = {"max_rel_err": float(f"{err[worst]:.3g}"), "tensor": worst}
+        del model
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
