@@ -4,8 +4,8 @@ Same module protocol as ``rules_misc``: ``RULES`` (op -> ordered rules, fallback
 ``HEADERS`` and ``kernel_source(symbol)``.
 
 - ``sparse_staged``: ``MT`` rows of x per block (1, 2, 4 or 8: the smallest power of two that
-  holds M, then halved until ``MT * K * 4`` bytes of staged f32 rows fit the 48 KiB every block
-  may use without opting in), grid ``(ceil(NW / 64), ceil(M / MT))``.
+  holds M, then halved until ``MT * K * 4`` bytes of staged f32 rows fit ``STAGE_SMEM``: the 48 KiB
+  every block may use without opting in, less room for the kernel's static arrays), grid ``(ceil(NW / 64), ceil(M / MT))``.
 - ``sparse_global`` (fallback): one row of x per block, read from global memory per entry, for a
   K too wide to stage even one row.
 
@@ -23,7 +23,10 @@ HEADERS: tuple[str, ...] = ("pdl.cuh", "sparse_residual.cuh")
 
 THREADS = 256          # grokc_sparse::kThreads
 ROWS_PER_BLOCK = 64    # grokc_sparse::kRows
-STAGE_SMEM = 48 * 1024
+# The 48 KiB a block gets without opting in holds the static arrays too (partial sums, scales): a
+# staged block of exactly 48 KiB (8 rows of K = 1536, SmolLM2's down projection in prefill) failed
+# to launch, so the staged rows get 47 KiB.
+STAGE_SMEM = 47 * 1024
 _PTR_TYPES = {"out": "float*", "x": "const half*", "norm": "const half*", "rowptr": "const int*",
               "cols": "const int*", "vals": "const half*"}
 

@@ -89,7 +89,8 @@ def _launch(cubin: bytes, args: dict, kernel: str | None = None, sm: int = 90) -
 
 
 @pytest.mark.parametrize("norm", [False, True])
-@pytest.mark.parametrize("m,nw,k", [(1, 1728, 576), (3, 300, 2048), (8, 200, 8192), (17, 130, 576), (2, 70, 20000)])
+@pytest.mark.parametrize("m,nw,k", [(1, 1728, 576), (3, 300, 2048), (8, 200, 8192), (17, 130, 576), (2, 70, 20000),
+                                    (128, 576, 1536)])  # SmolLM2's down projection in a prefill bucket
 def test_selected_kernel(cubin, sm, m, nw, k, norm):
     args = sparse_args(seeded(m, nw, k, norm), m, nw, k, norm)
     got = _launch(cubin, args, sm=sm)
