@@ -83,8 +83,23 @@ def artifact_state(path: Path, cfg) -> dict[str, torch.Tensor]:
             return out
         return take(f"{base}.weight")
 
+    def embedding() -> np.ndarray:
+        """--embeddings: int4 (token_embd.qweight) or int8 (token_embd.q8weight, code 128 = 0), else f16."""
+        codes = next((f"token_embd.{s}" for s in ("qweight", "q8weight") if f"token_embd.{s}" in w), None)
+        if codes is None:
+            return take("token_embd.weight")
+        used.update({codes, "token_embd.scales", "token_embd.zeros"})
+        scales, zeros = np.asarray(w["token_embd.scales"]), w.get("token_embd.zeros")
+        h = cfg.hidden_size
+        egs = 0 if scales.shape[1] == 1 else h // scales.shape[1]  # per row unless the group divides H
+        if codes.endswith(".qweight"):
+            return dequantize_q4(np.asarray(w[codes]), scales, zeros, egs)
+        col = np.arange(h) // (egs or h)
+        zero = np.float32(128) if zeros is None else np.asarray(zeros, np.float32)[:, col]
+        return (np.asarray(w[codes], np.float32) - zero) * scales.astype(np.float32)[:, col]
+
     q, kv, ff = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
-    out = {"model.embed_tokens.weight": take("token_embd.weight"), "model.norm.weight": take("output_norm.weight"),
+    out = {"model.embed_tokens.weight": embedding(), "model.norm.weight": take("output_norm.weight"),
            "lm_head.weight": dense("output") if "output.qweight" in w or "output.weight" in w
            else take("token_embd.weight")}
     for i in range(cfg.num_hidden_layers):
