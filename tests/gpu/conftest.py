@@ -4,6 +4,7 @@ A GPU is usable when ``cuda.bindings`` imports, ``cuInit`` succeeds and the driv
 one device. Fixtures:
 
 - ``cuda_context`` (session): the ``cuda_driver.Context`` on GPU 0 that ``kernel_harness`` uses.
+- ``sm`` (session): the GPU's compute capability as one number (90 for an H200).
 - ``run_kernel``: ``kernel_harness.run_kernel`` (launch one kernel on numpy arrays, read back).
 - ``nvcc_cubin``: ``kernel_harness.nvcc_cubin`` (CUDA source string -> cubin bytes); skips the
   test when nvcc is missing.
@@ -63,6 +64,13 @@ def cuda_context():
     if reason is not None:
         pytest.skip(f"needs a GPU: {reason}")
     return kernel_harness.context()
+
+
+@pytest.fixture(scope="session")
+def sm(cuda_context) -> int:
+    """The GPU's compute capability as one number (90 for sm_90)."""
+    major, minor = cuda_context.compute_capability
+    return 10 * major + minor
 
 
 @pytest.fixture

@@ -32,6 +32,8 @@ them all when there is no GPU)::
 ``nvcc_cubin(source, arch="sm_90", options=())`` compiles a CUDA source string to cubin bytes with
 nvcc (cached per source and options in a temporary folder); kernels must be ``extern "C"``.
 
+``seeded(*key)`` is a numpy generator seeded by a test case's parameters (a failure replays).
+
 ``context()`` is the process-wide ``cuda_driver.Context`` the harness uses (the ``cuda_context``
 fixture returns the same object).
 """
@@ -44,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import types
+import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -113,6 +116,11 @@ def nvcc_cubin(source: str, arch: str = "sm_90", options: Sequence[str] = ()) ->
             raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{proc.stderr}")
         tmp.replace(cubin)
     return cubin.read_bytes()
+
+
+def seeded(*key) -> np.random.Generator:
+    """A generator seeded by the test case, so a failure replays."""
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
 def run_kernel(cubin: bytes, kernel: str, grid: Sequence[int], block: Sequence[int], smem: int,

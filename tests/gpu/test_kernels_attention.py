@@ -16,11 +16,10 @@ L = 16, 100, 512, 4096 (and t_real = 0); decode at positions 0, 15, 16, past the
 
 from __future__ import annotations
 
-import zlib
 import numpy as np
 import pytest
 
-from kernel_harness import run_kernel
+from kernel_harness import run_kernel, seeded
 
 from grokc.artifacts.kernel_abi import KV_BLOCK_SIZE as S
 from grokc.runner.cpu import OPS
@@ -38,15 +37,6 @@ DECODE_SYMBOLS = ("attn_decode_mma_d64_w8_s4_c1", "attn_decode_mma_d64_w8_s4_c1_
                   "attn_decode_mma_d128_w4_s4_c1", "attn_decode_mma_d128_w4_s3_c4", "attn_decode_ref")
 
 
-def seeded(*key) -> np.random.Generator:
-    """A generator seeded by the test case, so a failure replays."""
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
-
-
-@pytest.fixture(scope="module")
-def sm(cuda_context) -> int:
-    major, minor = cuda_context.compute_capability
-    return 10 * major + minor
 
 
 @pytest.fixture(scope="module")

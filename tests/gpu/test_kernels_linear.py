@@ -23,14 +23,13 @@ sweeps; gemv2 tilings at every M = 1..8, with K tails (K = 576, 40) and partial 
 from __future__ import annotations
 
 import os
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 import kernel_harness
-from kernel_harness import run_kernel
+from kernel_harness import run_kernel, seeded
 
 from grokc.artifacts import int4
 from grokc.artifacts.kernel_abi import KERNEL_ABI
@@ -62,9 +61,6 @@ GEMV2_TILINGS = [(1, 1, 1, 1, 1, 0, 0), (1, 2, 1, 4, 1, 0, 0), (1, 4, 1, 2, 1, 0
 GEMM_TILINGS = [(128, 128, 2, 4, 3, 0), (64, 128, 2, 4, 3, 0), (64, 64, 2, 2, 3, 0), (128, 128, 2, 4, 4, 1),
                 (128, 64, 4, 2, 3, 0), (64, 128, 2, 4, 2, 2)]
 
-
-def seeded(*key) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
 def make_case(rng, m: int, n: int, k: int, fmt: str, act: str, out: str, norm: bool, residual: bool,
@@ -177,11 +173,6 @@ GEMV_CASES = _gemv_variant_cases()
 GEMV2_CASES = _gemv2_variant_cases()
 GEMM_CASES = _gemm_variant_cases()
 
-
-@pytest.fixture(scope="module")
-def sm(cuda_context) -> int:
-    major, minor = cuda_context.compute_capability
-    return 10 * major + minor
 
 
 def _symbols(test: str, param, sm: int) -> set[str]:

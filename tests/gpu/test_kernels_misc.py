@@ -9,11 +9,10 @@ without zero-points (arbitrary f16 ones included), through every q4/q8 kernel (h
 
 from __future__ import annotations
 
-import zlib
 import numpy as np
 import pytest
 
-from kernel_harness import run_kernel
+from kernel_harness import run_kernel, seeded
 
 from grokc.runner.cpu import OPS
 from grokc.targets import rules_misc as rm
@@ -31,9 +30,6 @@ def cubin(cuda_context) -> bytes:
                "embedding_q4_w1", "take_last_v8", "take_last_v1")
     return build_cubin(symbols, get_target(f"sm{major}{minor}"))
 
-
-def seeded(*key) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
 def launch(cubin, op: str, args: dict, scalars: tuple[str, ...], attrs: dict | None = None) -> tuple[dict, dict]:

@@ -10,11 +10,10 @@ untouched), with EOS and ``max_new`` stops and ``c >= max_out``.
 
 from __future__ import annotations
 
-import zlib
 import numpy as np
 import pytest
 
-from kernel_harness import run_kernel
+from kernel_harness import run_kernel, seeded
 
 from grokc.runner.cpu import OPS
 from grokc.targets import rules_misc as rm
@@ -31,9 +30,6 @@ def cubin(cuda_context) -> bytes:
     major, minor = cuda_context.compute_capability
     return build_cubin(["sample_rows_t1024"], get_target(f"sm{major}{minor}"))
 
-
-def seeded(*key) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
 
 
 def sample_args(rng, logits, *, batch, temperature, top_k, top_p, prefill_slot=None, n_real=0,

@@ -14,13 +14,12 @@ wide to stage: the fallback), empty rows and a dense row of more than 32 entries
 
 from __future__ import annotations
 
-import zlib
 
 import numpy as np
 import pytest
 
 import kernel_harness
-from kernel_harness import run_kernel
+from kernel_harness import run_kernel, seeded
 from test_kernels_linear import TOL, check, make_case, oracle
 
 from grokc.artifacts.kernel_abi import KERNEL_ABI
@@ -32,14 +31,6 @@ F16, F32, I32 = np.float16, np.float32, np.int32
 SYMBOLS = ("sparse_residual_m1", "sparse_residual_m2", "sparse_residual_m4", "sparse_residual_m8", "sparse_residual_g")
 
 
-def seeded(*key) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(repr(key).encode()))
-
-
-@pytest.fixture(scope="module")
-def sm(cuda_context) -> int:
-    major, minor = cuda_context.compute_capability
-    return 10 * major + minor
 
 
 @pytest.fixture(scope="module")
