@@ -15,9 +15,7 @@ it is the launch that gains from starting early.
 
 from __future__ import annotations
 
-from grokc.artifacts.kernel_abi import KERNEL_ABI, ArgKind
-
-from .base import KernelCall, KernelChoice, KernelRule, Target
+from .base import KernelCall, KernelChoice, KernelRule, Target, c_params
 
 HEADERS: tuple[str, ...] = ("pdl.cuh", "sparse_residual.cuh")
 
@@ -29,16 +27,6 @@ ROWS_PER_BLOCK = 64    # grokc_sparse::kRows
 STAGE_SMEM = 47 * 1024
 _PTR_TYPES = {"out": "float*", "x": "const half*", "norm": "const half*", "rowptr": "const int*",
               "cols": "const int*", "vals": "const half*"}
-
-
-def _c_params() -> tuple[str, str]:
-    """``(declaration list, argument list)`` of ``KERNEL_ABI["sparse_residual"]`` in C."""
-    decl, names = [], []
-    for p in KERNEL_ABI["sparse_residual"]:
-        ctype = _PTR_TYPES[p.name] if p.kind is ArgKind.PTR else ("int" if p.kind is ArgKind.I32 else "float")
-        decl.append(f"{ctype} {p.name}")
-        names.append(p.name)
-    return ", ".join(decl), ", ".join(names)
 
 
 def rows_per_block(m: int, k: int) -> int:
@@ -79,6 +67,6 @@ def kernel_source(symbol: str) -> str | None:
     """The entry point ``symbol`` as C++ over ``HEADERS``, or None when it is not one of these kernels."""
     if symbol not in _SOURCES:
         return None
-    decl, args = _c_params()
+    decl, args = c_params("sparse_residual", _PTR_TYPES)
     return (f'extern "C" __global__ void __launch_bounds__({THREADS}) {symbol}({decl}) {{\n'
             f"  grokc_pdl_entry();\n  {_SOURCES[symbol]}({args});\n}}\n")
