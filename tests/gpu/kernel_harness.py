@@ -32,6 +32,11 @@ them all when there is no GPU)::
 ``nvcc_cubin(source, arch="sm_90", options=())`` compiles a CUDA source string to cubin bytes with
 nvcc (cached per source and options in a temporary folder); kernels must be ``extern "C"``.
 
+``run_chain(launches, shared) -> dict[str, np.ndarray]`` runs several ``Launch``es as one CUDA
+graph (programmatic edges where ``Launch.pdl``): an argument ``Shared("h")`` is the device copy of
+``shared["h"]`` (one buffer for every launch and parameter that names it: aliasing, chaining), an
+array is uploaded for that launch alone. Returns the shared buffers read back.
+
 ``seeded(*key)`` is a numpy generator seeded by a test case's parameters (a failure replays).
 
 ``context()`` is the process-wide ``cuda_driver.Context`` the harness uses (the ``cuda_context``
@@ -48,6 +53,7 @@ import tempfile
 import types
 import zlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +168,65 @@ def run_kernel(cubin: bytes, kernel: str, grid: Sequence[int], block: Sequence[i
         for buf, _ in buffers.values():
             buf.close()
         module.close()
+
+
+class Shared(str):
+    """An argument of ``run_chain``: the device copy of ``shared[name]``."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of ``run_chain``; ``args`` as ``run_kernel``'s, plus ``Shared`` names."""
+
+    cubin: bytes
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int
+    params: str | Sequence[Param]
+    args: Mapping[str, Any]
+    pdl: bool = False  # a programmatic edge from the launch before (sm_90+)
+
+
+def run_chain(launches: Sequence[Launch], shared: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run ``launches`` in order as one CUDA graph and return ``shared`` read back (see module doc)."""
+    context()
+    buffers: list[cd.DeviceBuffer] = []
+    modules: list[cd.Module] = []
+
+    def upload(a: np.ndarray) -> cd.DeviceBuffer:
+        buf = cd.DeviceBuffer(max(a.nbytes, 256))
+        buf.upload(np.ascontiguousarray(a))
+        buffers.append(buf)
+        return buf
+
+    try:
+        named = {name: upload(a) for name, a in shared.items()}
+        nodes = []
+        for launch in launches:
+            plist = KERNEL_ABI[launch.params] if isinstance(launch.params, str) else tuple(launch.params)
+            values = []
+            for p in plist:
+                v = launch.args[p.name]
+                if isinstance(v, Shared):
+                    v = named[v].ptr
+                elif isinstance(v, np.ndarray):
+                    v = upload(v).ptr
+                values.append(v)
+            modules.append(cd.Module(launch.cubin))
+            nodes.append(cd.KernelLaunch(modules[-1].function(launch.kernel), tuple(launch.grid), tuple(launch.block),
+                                         launch.smem, cd.pack_args(plist, values), pdl=launch.pdl))
+        stream = cd.Stream()
+        graph = cd.Graph(nodes, stream)
+        try:
+            graph.launch(stream)
+            stream.synchronize()
+        finally:
+            graph.close()
+            stream.close()
+        return {name: named[name].download(0, a.nbytes).view(a.dtype).reshape(a.shape) for name, a in shared.items()}
+    finally:
+        for module in modules:
+            module.close()
+        for buf in buffers:
+            buf.close()

@@ -28,12 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-import kernel_harness
-from kernel_harness import run_kernel, seeded
+from kernel_harness import Launch, Shared, run_chain, run_kernel, seeded
 
 from grokc.artifacts import int4
 from grokc.artifacts.kernel_abi import KERNEL_ABI
-from grokc.runner import cuda_driver as cd
 from grokc.runner.cpu import OPS
 from grokc.targets import KernelCall, build_cubin, get_target, rules_linear, select
 
@@ -260,39 +258,9 @@ def test_out_aliases_residual(m, cubins, sm):
     args, attrs = make_case(seeded("alias", m), *case)
     choice = choose(args, attrs, sm)
     want = oracle(args, attrs)
-    kernel_harness.context()
-    buffers, values = [], []
-    try:
-        shared = None
-        for p in KERNEL_ABI["linear"]:
-            v = args[p.name]
-            if p.name == "out":
-                v = args["residual"]
-            if isinstance(v, np.ndarray):
-                if p.name in ("out", "residual") and shared is not None:
-                    values.append(shared.ptr)
-                    continue
-                buf = cd.DeviceBuffer(max(v.nbytes, 256))
-                buf.upload(np.ascontiguousarray(v))
-                buffers.append(buf)
-                if p.name in ("out", "residual"):
-                    shared = buf
-                values.append(buf.ptr)
-            else:
-                values.append(v)
-        module = cd.Module(cubins[choice.kernel])
-        stream = cd.Stream()
-        try:
-            cd.launch(module.function(choice.kernel), choice.grid, choice.block, choice.smem,
-                      cd.pack_args(KERNEL_ABI["linear"], values), stream)
-            stream.synchronize()
-            got = shared.download(0, args["residual"].nbytes).view(F16).reshape(m, 64)
-        finally:
-            stream.close()
-            module.close()
-    finally:
-        for buf in buffers:
-            buf.close()
+    launch = Launch(cubins[choice.kernel], choice.kernel, choice.grid, choice.block, choice.smem, "linear",
+                    {**args, "out": Shared("h"), "residual": Shared("h")})
+    got = run_chain([launch], {"h": args["residual"]})["h"]
     check(got, want, TOL["q4"], f"{choice.kernel} with out == residual")
 
 
@@ -314,45 +282,13 @@ def test_pdl_chain(cubins, sm):
         mid = oracle(a_up, at_up).astype(F16)
         a_dn = {**a_dn, "x": mid, "residual": want}
         want = oracle(a_dn, at_dn).astype(F16)
-    kernel_harness.context()
-    bufs: list = []
-
-    def dev(a):
-        b = cd.DeviceBuffer(max(a.nbytes, 256))
-        b.upload(np.ascontiguousarray(a))
-        bufs.append(b)
-        return b.ptr
-
-    modules = []
-    try:
-        hb, mid_b = dev(h), dev(np.full((m, inter), np.nan, F16))
-        launches = []
-        for i, (args, attrs) in enumerate(steps):
-            choice = choose(args, attrs, sm)
-            assert choice.rule == "linear.gemv2"
-            vals = {**{k: (dev(v) if isinstance(v, np.ndarray) else v) for k, v in args.items()
-                       if k not in ("x", "out", "residual")}}
-            if attrs["act"] == "silu_mul":
-                vals.update(x=hb, out=mid_b, residual=None)
-            else:
-                vals.update(x=mid_b, out=hb, residual=hb)
-            mod = cd.Module(cubins[choice.kernel])
-            modules.append(mod)
-            launches.append(cd.KernelLaunch(mod.function(choice.kernel), choice.grid, choice.block, choice.smem,
-                                            cd.pack_args(KERNEL_ABI["linear"], [vals[p.name] for p in KERNEL_ABI["linear"]]),
-                                            pdl=i > 0 and sm >= 90))
-        stream = cd.Stream()
-        g = cd.Graph(launches, stream)
-        try:
-            g.launch(stream)
-            stream.synchronize()
-        finally:
-            g.close()
-            stream.close()
-        got = bufs[0].download(0, h.nbytes).view(F16).reshape(m, hid)
-    finally:
-        for mod in modules:
-            mod.close()
-        for b in bufs:
-            b.close()
+    launches = []
+    for i, (args, attrs) in enumerate(steps):
+        choice = choose(args, attrs, sm)
+        assert choice.rule == "linear.gemv2"
+        wires = ({"x": Shared("h"), "out": Shared("mid"), "residual": None} if attrs["act"] == "silu_mul"
+                 else {"x": Shared("mid"), "out": Shared("h"), "residual": Shared("h")})
+        launches.append(Launch(cubins[choice.kernel], choice.kernel, choice.grid, choice.block, choice.smem, "linear",
+                               {**args, **wires}, pdl=i > 0 and sm >= 90))
+    got = run_chain(launches, {"h": h, "mid": np.full((m, inter), np.nan, F16)})["h"]
     check(got, want.astype(np.float64), 5e-3, "gemv2 chain with programmatic edges")

@@ -18,12 +18,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import kernel_harness
-from kernel_harness import run_kernel, seeded
+from kernel_harness import Launch, Shared, run_chain, run_kernel, seeded
 from test_kernels_linear import TOL, check, make_case, oracle
 
 from grokc.artifacts.kernel_abi import KERNEL_ABI
-from grokc.runner import cuda_driver as cd
 from grokc.runner.cpu import OPS
 from grokc.targets import KernelCall, build_cubin, get_target, rules_sparse, select
 
@@ -118,50 +116,12 @@ def test_chain_into_the_gemv(cubin, sm, act, m):
     schoice = select(KernelCall("sparse_residual", {}, sdims), get_target(f"sm{sm}"))
     lin_cubin = build_cubin([lchoice.kernel], get_target(f"sm{sm}"))
 
-    kernel_harness.context()
-    bufs: list = []
-
-    def dev(a):
-        b = cd.DeviceBuffer(max(a.nbytes, 256))
-        b.upload(np.ascontiguousarray(a))
-        bufs.append(b)
-        return b.ptr
-
-    modules = []
-    try:
-        x_b, addend_b = dev(lin["x"]), dev(np.full((m, nw), np.nan, F32))
-        out_b = dev(lin["out"])
-        svals = {key: (dev(v) if isinstance(v, np.ndarray) else v) for key, v in sp.items() if key not in ("x", "out")}
-        svals.update(x=x_b, out=addend_b)
-        lvals = {key: (dev(v) if isinstance(v, np.ndarray) else v) for key, v in lin.items()
-                 if key not in ("x", "out", "addend")}
-        lvals.update(x=x_b, out=out_b, addend=addend_b)
-        smod, lmod = cd.Module(cubin), cd.Module(lin_cubin)
-        modules += [smod, lmod]
-        launches = [
-            cd.KernelLaunch(smod.function(schoice.kernel), schoice.grid, schoice.block, schoice.smem,
-                            cd.pack_args(KERNEL_ABI["sparse_residual"],
-                                         [svals[p.name] for p in KERNEL_ABI["sparse_residual"]]), pdl=False),
-            cd.KernelLaunch(lmod.function(lchoice.kernel), lchoice.grid, lchoice.block, lchoice.smem,
-                            cd.pack_args(KERNEL_ABI["linear"], [lvals[p.name] for p in KERNEL_ABI["linear"]]),
-                            pdl=sm >= 90 and lchoice.pdl),
-        ]
-        stream = cd.Stream()
-        g = cd.Graph(launches, stream)
-        try:
-            g.launch(stream)
-            stream.synchronize()
-        finally:
-            g.close()
-            stream.close()
-        got = cd_download(bufs[2], lin["out"])
-    finally:
-        for mod in modules:
-            mod.close()
-        for b in bufs:
-            b.close()
+    launches = [
+        Launch(cubin, schoice.kernel, schoice.grid, schoice.block, schoice.smem, "sparse_residual",
+               {**sp, "x": Shared("x"), "out": Shared("addend")}),
+        Launch(lin_cubin, lchoice.kernel, lchoice.grid, lchoice.block, lchoice.smem, "linear",
+               {**lin, "x": Shared("x"), "out": Shared("out"), "addend": Shared("addend")},
+               pdl=sm >= 90 and lchoice.pdl),
+    ]
+    got = run_chain(launches, {"x": lin["x"], "addend": np.full((m, nw), np.nan, F32), "out": lin["out"]})["out"]
     check(got, want, TOL["q4"], f"sparse_residual -> {lchoice.kernel} ({act}, M={m})")
-
-
-def cd_download(buf, like: np.ndarray) -> np.ndarray:
-    return buf.download(0, like.nbytes).view(like.dtype).reshape(like.shape)
