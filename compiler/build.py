@@ -20,7 +20,8 @@ from grokc.artifacts.manifest import Manifest
 from grokc.compiler.ir import WeightFormat
 from grokc.passes.quantize import QUANT
 from grokc.passes.static_shapes import StaticShapes
-from grokc.targets import build_cubin, get_target
+from grokc.artifacts.plan import Plan
+from grokc.targets import Target, build_cubin, get_target
 
 from . import __version__, names, quality, synthetic_weights
 from .calibrate import CalibrationOptions, calibrate
@@ -103,6 +104,7 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
     targets = [get_target(a) for a in dict.fromkeys(opts.archs)]
     t0 = time.perf_counter()
     copts = opts.compile_options()
+    compiled: dict[str, tuple[list[str], bytes]] = {}  # arch -> (kernels, cubin) compiled ahead
     if loaded.synthetic_seed is not None:
         if opts.quality_tokens:
             raise BuildOptionError("--synthetic-weights builds have no source weights to measure quality against; "
@@ -112,6 +114,11 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
                                    "cannot keep one (drop --fp16-residual)")
         copts = replace(copts, quant=copts.quant.uncalibrated())  # random codes are filled at load: layout only
     elif copts.quant.calibrated:
+        # The kernels depend on shapes and formats, not on calibrated values: compile them first, so a
+        # toolchain problem shows before minutes of calibration (the final plans reuse the cubins).
+        progress("compiling kernels before calibration")
+        layout = compile_loaded(loaded, replace(copts, quant=copts.quant.uncalibrated()))
+        compiled = {t.name: _compile(lower(layout, t), t, progress) for t in targets}
         t1 = time.perf_counter()
         copts = replace(copts, calibration=calibrate(loaded, copts.quant, opts.calibration, progress))
         progress(f"calibrated in {time.perf_counter() - t1:.1f} s")
@@ -126,15 +133,27 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
         if synthetic:
             init = synthetic_weights.init_graph(synthetic, target)
             plans[target.name] = replace(plans[target.name], graphs={**plans[target.name].graphs, "init": init})
-        kernels = sorted({launch.kernel for g in plans[target.name].graphs.values() for launch in g.launches})
-        progress(f"nvcc: {len(kernels)} kernels for {target.name}")
-        cubins[target.name] = build_cubin(kernels, target)
+        kernels, cubin = compiled.get(target.name, (None, b""))
+        if kernels != _kernels(plans[target.name]):
+            kernels, cubin = _compile(plans[target.name], target, progress)
+        cubins[target.name] = cubin
     manifest = _manifest(loaded, module, plans, synthetic)
     progress(f"writing {out}")
     stored = {name: a for name, a in module.params.items() if name not in synthetic}
     manifest = store.write(Path(out), manifest, plans, cubins, stored, loaded.tokenizer_json)
     progress(f"done in {time.perf_counter() - t0:.1f} s")
     return manifest
+
+
+def _kernels(plan: Plan) -> list[str]:
+    return sorted({launch.kernel for g in plan.graphs.values() for launch in g.launches})
+
+
+def _compile(plan: Plan, target: Target, progress: Progress) -> tuple[list[str], bytes]:
+    """The plan's kernel symbols and the cubin nvcc makes of them for ``target``."""
+    kernels = _kernels(plan)
+    progress(f"nvcc: {len(kernels)} kernels for {target.name}")
+    return kernels, build_cubin(kernels, target)
 
 
 def compile_loaded(loaded: LoadedModel, copts: CompileOptions, check_ir: bool = False,
@@ -179,5 +198,5 @@ def _manifest(loaded: LoadedModel, module: Module, plans: dict, synthetic: dict)
         weights={"file": "weights.safetensors", "synthetic": {
             "seed": loaded.synthetic_seed, "tensors": {n: t.to_json() for n, t in sorted(synthetic.items())},
         } if synthetic else None},
-        kernels={arch: sorted({l.kernel for g in p.graphs.values() for l in g.launches}) for arch, p in plans.items()},
+        kernels={arch: _kernels(p) for arch, p in plans.items()},
     )

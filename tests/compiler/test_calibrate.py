@@ -119,3 +119,29 @@ def test_int4_lm_head_is_calibrated_on_the_final_norm_output(tiny):
     np.testing.assert_array_equal(int4.unpack(module.params["output.qweight"]), codes)
     w = stored_weights(module)
     assert not np.array_equal(w[names.LM_HEAD], w["token_embd.weight"])
+
+
+def test_kernels_compile_before_calibration_and_once(monkeypatch, tmp_path):
+    """A calibrated build runs nvcc before calibrating (a toolchain failure costs seconds, not the
+    calibration's minutes), and reuses that cubin: one nvcc run per arch."""
+    from grokc.artifacts.errors import TargetError
+    from grokc.compiler import build as build_mod
+
+    events: list[str] = []
+    real_cubin, real_calibrate = build_mod.build_cubin, build_mod.calibrate
+    monkeypatch.setattr(build_mod, "build_cubin", lambda kernels, target: events.append(f"nvcc {target.name}")
+                        or real_cubin(kernels, target))
+    monkeypatch.setattr(build_mod, "calibrate", lambda *a, **k: events.append("calibrate") or real_calibrate(*a, **k))
+    opts = build_mod.BuildOptions(archs=("sm80", "sm90"), batch=1, buckets=(16,), max_seq=64,
+                                  calibration=CalibrationOptions(samples=2, tokens=64))
+    build_mod.build_loaded(byte_loaded(), tmp_path / "a", opts)
+    assert events == ["nvcc sm80", "nvcc sm90", "calibrate"]
+
+    def broken_nvcc(kernels, target):
+        raise TargetError("nvcc failed")
+
+    events.clear()
+    monkeypatch.setattr(build_mod, "build_cubin", broken_nvcc)
+    with pytest.raises(TargetError, match="nvcc failed"):
+        build_mod.build_loaded(byte_loaded(), tmp_path / "b", opts)
+    assert events == []
