@@ -319,5 +319,5 @@ def _with_codes(n: Node, out: dict, base: str, fmt: WeightFormat, group_size: in
     for suffix, a in stored.items():
         if a is not None:
             out[f"{base}.{suffix}"] = frozen_array(a)
-            inputs["qweight" if suffix.endswith("qweight") else suffix] = f"{base}.{suffix}"
+            inputs["qweight" if suffix in ("qweight", "q8weight") else suffix] = f"{base}.{suffix}"
     return Node(n.op, n.name, inputs, n.outputs, replace(n.attrs, weight_format=fmt, group_size=group_size))
