@@ -78,7 +78,7 @@ def build(
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Artifact folder to write (default: dist/<model name>)."),
     quant: str = typer.Option("int4", "--quant", help="Weight recipe: " + _recipes_help()),
     group_size: Optional[int] = typer.Option(None, "--group-size", help="int4 scale group along the input dim, overriding the recipe's; 0 = one scale per output channel."),
-    symmetric: Optional[bool] = typer.Option(None, "--symmetric/--asymmetric", help="int4 codes without / with a zero-point per scale (default: the recipe's)."),
+    symmetric: Optional[bool] = typer.Option(None, "--symmetric/--asymmetric", help="int4 codes (and an int8 LM head's) without / with a zero-point per scale (default: the recipe's)."),
     lm_head: Optional[str] = typer.Option(None, "--lm-head", help="LM head weights: fp16 (default), int8 (round to nearest, one scale per output channel, --symmetric/--asymmetric apply; half the bytes a decode step reads for it) or int4 (the recipe's rounding; a quarter)."),
     embeddings: Optional[str] = typer.Option(None, "--embeddings", help="Token embedding table: fp16 (default), int8 (symmetric, one scale per row) or int4 (round to nearest per row, or per --group-size group when it divides the hidden size; --symmetric/--asymmetric apply); a tied fp16 LM head keeps its own fp16 copy."),
     fp16_residual: Optional[str] = typer.Option(None, "--fp16-residual", help="Keep this fraction of each int4 weight's entries, those the int4 grid serves worst, as exact f16 corrections beside the codes, e.g. 0.5% (or 0.005); off by default."),

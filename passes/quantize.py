@@ -20,8 +20,9 @@ differently: an int4 head becomes ``output.qweight``/``.scales``/``.zeros`` (int
 and the same), and an f16 head of a
 quantized table becomes ``output.weight`` (the f16 table, under the head's name), so
 ``token_embd.*`` always names what the ``embedding`` op reads. Sharing one quantized table between
-the two would need a quantized-table ``linear`` (q8) or the same group layout for both (q4), and
-the head's codes would then be round-to-nearest on the embedding's grid.
+the two is not done: a symmetric int8 head of an int8 table holds the same codes and scales as the
+table (both ``int8_rtn`` per row), so such an artifact stores them twice; int4 would need the same
+group layout for both, and a GPTQ head's codes would become round-to-nearest on the embedding's grid.
 
 Requires: unquantized (f32) parameters; run after the fusion passes that concatenate weights
 (quantization is row by row, so concatenating rows and quantizing commute; the fused q/k/v and
