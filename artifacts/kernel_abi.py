@@ -35,7 +35,9 @@ Semantics (fp16 storage, fp32 arithmetic unless stated):
     ``zeros`` null. ``"q4"``: ``weight`` u8 ``[NW, K/2]`` packed as ``artifacts/int4.py`` says,
     ``scales`` f16 ``[NW, G]``, ``zeros`` f16 ``[NW, G]`` or null (null means the symmetric code
     8), ``G = ceil(K / gs)`` with ``gs = group_size`` or ``K`` when ``group_size == 0``:
-    ``W[n, k] = (code[n, k] - zero[n, k // gs]) * scale[n, k // gs]``.
+    ``W[n, k] = (code[n, k] - zero[n, k // gs]) * scale[n, k // gs]``. ``"q8"``: ``weight`` u8
+    ``[NW, K]``, one code per byte (``artifacts/int8.py``), ``scales`` and ``zeros`` as for q4
+    (null ``zeros`` means the symmetric code 128), the same formula.
   - ``attrs["act"]``: ``"none"``: ``NW = N``. ``"silu_mul"``: ``NW = 2N``, rows ``[0, N)`` are the
     gate and ``[N, 2N)`` the up projection: ``y = silu(y[:, :N]) * y[:, N:]``.
   - when ``addend`` (f32 ``[M, NW]``) is not null it is added to the raw products before the
@@ -157,5 +159,5 @@ KERNEL_ABI: dict[str, tuple[Param, ...]] = {
 # Variant attributes each op's launches carry (values are strings, part of the kernel's identity).
 KERNEL_VARIANTS: dict[str, dict[str, tuple[str, ...]]] = {
     "embedding": {"weight_format": ("f16", "q8", "q4")},
-    "linear": {"weight_format": ("f16", "q4"), "act": ("none", "silu_mul"), "out_dtype": ("f16", "f32")},
+    "linear": {"weight_format": ("f16", "q4", "q8"), "act": ("none", "silu_mul"), "out_dtype": ("f16", "f32")},
 }

@@ -4,7 +4,8 @@ transformers' ``LlamaForCausalLM`` is loaded from the GGUF (dequantized to fp32,
 un-permuted by transformers' own GGUF loader): the reference. For each artifact, a copy gets every
 weight replaced by what the artifact stores (int4 linears dequantized from their packed codes by
 this file's own reading of the documented layout, not by grokc's ``int4.dequantize``, plus the
-``--fp16-residual`` CSR where there is one; fused q/k/v and gate/up split back; f16 norms and
+``--fp16-residual`` CSR where there is one; an int8 LM head or embedding table from its one-byte
+codes, code 128 = 0 unless zero-points are stored; fused q/k/v and gate/up split back; f16 norms and
 embeddings), and transformers computes the perplexity of both on held-out text: the pydoc
 evaluation split (never used for calibration), and each ``--text`` file (text that is neither).
 Also reported per artifact: top-1 agreement of its next-token argmax with the reference's, and the
@@ -56,6 +57,15 @@ def dequantize_q4(packed: np.ndarray, scales: np.ndarray, zeros: np.ndarray | No
     return (codes - zero) * np.asarray(scales, np.float32)[:, col_group]
 
 
+def dequantize_q8(codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None) -> np.ndarray:
+    """f32 ``[N, K]`` = (code - zero) * scale from ``u8 [N, K]`` codes, one byte each; ``scales`` (and
+    ``zeros``) ``[N, G]`` for G equal groups along K (1: per row); zero 128 when symmetric."""
+    k = codes.shape[1]
+    col = np.arange(k) // (k // scales.shape[1])
+    zero = np.float32(128) if zeros is None else np.asarray(zeros, np.float32)[:, col]
+    return (np.asarray(codes, np.float32) - zero) * np.asarray(scales, np.float32)[:, col]
+
+
 def artifact_state(path: Path, cfg) -> dict[str, torch.Tensor]:
     """transformers' state-dict names -> the artifact's weights as f32 tensors. Refuses an artifact
     holding a tensor this reading does not consume (e.g. a sparse correction), rather than measure
@@ -70,6 +80,9 @@ def artifact_state(path: Path, cfg) -> dict[str, torch.Tensor]:
         return np.asarray(w[name], np.float32)
 
     def dense(base: str) -> np.ndarray:
+        if f"{base}.q8weight" in w:  # --lm-head int8: one scale (and zero) per row
+            used.update(f"{base}.{s}" for s in ("q8weight", "scales", "zeros"))
+            return dequantize_q8(np.asarray(w[f"{base}.q8weight"]), np.asarray(w[f"{base}.scales"]), w.get(f"{base}.zeros"))
         if f"{base}.qweight" in w:
             used.update(f"{base}.{s}" for s in ("qweight", "scales", "zeros"))
             out = dequantize_q4(np.asarray(w[f"{base}.qweight"]), np.asarray(w[f"{base}.scales"]),
@@ -94,13 +107,11 @@ def artifact_state(path: Path, cfg) -> dict[str, torch.Tensor]:
         egs = 0 if scales.shape[1] == 1 else h // scales.shape[1]  # per row unless the group divides H
         if codes.endswith(".qweight"):
             return dequantize_q4(np.asarray(w[codes]), scales, zeros, egs)
-        col = np.arange(h) // (egs or h)
-        zero = np.float32(128) if zeros is None else np.asarray(zeros, np.float32)[:, col]
-        return (np.asarray(w[codes], np.float32) - zero) * scales.astype(np.float32)[:, col]
+        return dequantize_q8(np.asarray(w[codes]), scales, zeros)
 
     q, kv, ff = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
     out = {"model.embed_tokens.weight": embedding(), "model.norm.weight": take("output_norm.weight"),
-           "lm_head.weight": dense("output") if "output.qweight" in w or "output.weight" in w
+           "lm_head.weight": dense("output") if any(f"output.{s}" in w for s in ("qweight", "q8weight", "weight"))
            else take("token_embd.weight")}
     for i in range(cfg.num_hidden_layers):
         pre = f"model.layers.{i}."

@@ -41,7 +41,7 @@ class BuildOptions:
     quant: str = "int4"
     group_size: int | None = None     # None: the recipe's own (per output channel for int4)
     symmetric: bool | None = None     # None: the recipe's own
-    lm_head: str | None = None        # "fp16" or "int4"; None: the recipe's own (fp16)
+    lm_head: str | None = None        # "fp16", "int8" or "int4"; None: the recipe's own (fp16)
     fp16_residual: float | None = None  # fraction of int4 weights kept as f16 corrections; None: the recipe's (0)
     embeddings: str | None = None     # "fp16", "int8" or "int4"; None: the recipe's own (fp16)
     batch: int = 4
@@ -82,7 +82,7 @@ class BuildOptions:
         return CompileOptions(StaticShapes(self.batch, tuple(self.buckets), self.max_seq, self.kv_blocks), recipe)
 
 
-_HEAD_FORMATS = {"fp16": WeightFormat.F16, "int4": WeightFormat.Q4}
+_HEAD_FORMATS = {"fp16": WeightFormat.F16, "int8": WeightFormat.Q8, "int4": WeightFormat.Q4}
 _EMBEDDING_FORMATS = {"fp16": WeightFormat.F16, "int8": WeightFormat.Q8, "int4": WeightFormat.Q4}
 
 

@@ -71,10 +71,10 @@ def _linear(m: Module, g: Graph, n: Node):
     a = n.attrs
     x = g.tensors[n.inputs["x"]] if n.inputs["x"] in g.tensors else m.state[n.inputs["x"]]
     out = g.tensors[n.outputs[0]]
-    q4 = a.weight_format is WeightFormat.Q4
+    quantized = a.weight_format in (WeightFormat.Q4, WeightFormat.Q8)
     refs = {
         "out": n.outputs[0], "x": n.inputs["x"],
-        "weight": n.inputs["qweight" if q4 else "weight"], "scales": n.inputs.get("scales"),
+        "weight": n.inputs["qweight" if quantized else "weight"], "scales": n.inputs.get("scales"),
         "zeros": n.inputs.get("zeros"), "norm": n.inputs.get("norm"), "residual": n.inputs.get("residual"),
         "addend": n.inputs.get("addend"),
     }

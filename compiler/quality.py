@@ -96,7 +96,7 @@ _FUSED = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate"
 
 def stored_weights(module: Module) -> dict[str, np.ndarray]:
     """Canonically named f32 weights as a quantized ``module`` stores them: every LINEAR's matrix as
-    the kernels see it (int4 dequantized, plus its fp16 residual), fused ones split back, norms and embeddings as stored."""
+    the kernels see it (int4 and int8 dequantized, plus any fp16 residual), fused ones split back, norms and embeddings as stored."""
     cfg = module.config
     g = next(iter(module.graphs.values()))
     out: dict[str, np.ndarray] = {}
@@ -132,15 +132,17 @@ def _dense_table(module: Module, n: Node) -> np.ndarray:
 
 
 def _dense(module: Module, n: Node) -> np.ndarray:
-    p = module.params
-    if n.attrs.weight_format is WeightFormat.Q4:
-        zeros = n.inputs.get("zeros")
-        w = int4.dequantize(p[n.inputs["qweight"]], p[n.inputs["scales"]], None if zeros is None else p[zeros],
-                            n.attrs.group_size)
-        base = n.inputs["qweight"].removesuffix(".qweight")
-        csr = [f"{base}.{role}" for role in sparse_residual.ROLES]    # the fp16 residual, when kept
-        return sparse_residual.scatter(w, *(p[c] for c in csr)) if csr[0] in p else w
-    return np.asarray(p[n.inputs["weight"]], np.float32)
+    """f32 ``[NW, K]``: a LINEAR's matrix as the kernels see it (q4 / q8 codes dequantized, plus its fp16 residual)."""
+    p, fmt = module.params, n.attrs.weight_format
+    if fmt not in (WeightFormat.Q8, WeightFormat.Q4):
+        return np.asarray(p[n.inputs["weight"]], np.float32)
+    zeros = n.inputs.get("zeros")
+    dequantize = int4.dequantize if fmt is WeightFormat.Q4 else int8.dequantize
+    w = dequantize(p[n.inputs["qweight"]], p[n.inputs["scales"]], None if zeros is None else p[zeros],
+                   n.attrs.group_size)
+    base = n.inputs["qweight"].rsplit(".", 1)[0]
+    csr = [f"{base}.{role}" for role in sparse_residual.ROLES]    # the fp16 residual, when kept
+    return sparse_residual.scatter(w, *(p[c] for c in csr)) if csr[0] in p else w
 
 
 @torch.no_grad()

@@ -23,7 +23,7 @@ from grokc.targets import KernelCall, Target, select
 
 CONFIG_CONSTANTS = frozenset({TABLE, "rope_inv_freq", EOS_IDS})
 CODE_STD = 4.6  # standard deviation of (code - 8) for uniform codes in [0, 16)
-CODE8_STD = 73.9  # standard deviation of (code - 128) for uniform codes in [0, 256) (q8 embedding tables)
+CODE8_STD = 73.9  # standard deviation of (code - 128) for uniform codes in [0, 256) (q8 embedding tables, the q8 LM head)
 
 
 def specs(params: Mapping[str, np.ndarray], seed: int) -> dict[str, SyntheticTensor]:
@@ -39,8 +39,8 @@ def specs(params: Mapping[str, np.ndarray], seed: int) -> dict[str, SyntheticTen
         elif name.endswith(".scales"):
             k = params[name.replace(".scales", ".qweight")].shape[1] * 2
             fill, scale = Fill.POSITIVE, 1.0 / (CODE_STD * np.sqrt(k))
-        elif name.endswith(".zeros"):
-            fill, scale = Fill.CONSTANT, 8.0
+        elif name.endswith(".zeros"):  # the symmetric code: an unbiased grid
+            fill, scale = Fill.CONSTANT, 128.0 if name.replace(".zeros", ".q8weight") in params else 8.0
         elif a.ndim == 1:
             fill, scale = Fill.CONSTANT, 1.0
         else:

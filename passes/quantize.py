@@ -9,29 +9,34 @@ so later columns compensate the rest: ``gptq.quantize_gptq_residual``). The code
 round-to-nearest (``rounding.py``) or from GPTQ's calibrated rounding (``gptq.py``), which needs
 the second moments of every linear's inputs (``Calibration``, measured by the driver in
 ``compiler/calibrate.py``; this pass never runs the model). The LM head (the LINEAR whose output
-is the graph's logits) is f16 or int4 by ``recipe.lm_head``; the embedding table is f16, int8 or
+is the graph's logits) is f16, int8 or int4 by ``recipe.lm_head`` (int8: ``artifacts/int8.py`` codes,
+one scale per output channel, symmetric or asymmetric like the recipe, always round-to-nearest and
+never a residual: GPTQ and ``fp16_residual`` apply to int4 weights only); the embedding table is f16, int8 or
 int4 by ``recipe.embeddings`` (``quantize_embedding``: always round-to-nearest, never a residual);
 the norm weights become f16. Activations are untouched: the residual stream stays f16.
 
 A tied LM head (one that reads the embedding table) keeps its own copy whenever the two are stored
-differently: an int4 head becomes ``output.qweight``/``.scales``/``.zeros``, and an f16 head of a
+differently: an int4 head becomes ``output.qweight``/``.scales``/``.zeros`` (int8: ``output.q8weight``
+and the same), and an f16 head of a
 quantized table becomes ``output.weight`` (the f16 table, under the head's name), so
 ``token_embd.*`` always names what the ``embedding`` op reads. Sharing one quantized table between
-the two would need a quantized-table ``linear`` (q8) or the same group layout for both (q4), and
-the head's codes would then be round-to-nearest on the embedding's grid.
+the two is not done: a symmetric int8 head of an int8 table holds the same codes and scales as the
+table (both ``int8_rtn`` per row), so such an artifact stores them twice; int4 would need the same
+group layout for both, and a GPTQ head's codes would become round-to-nearest on the embedding's grid.
 
 Requires: unquantized (f32) parameters; run after the fusion passes that concatenate weights
 (quantization is row by row, so concatenating rows and quantizing commute; the fused q/k/v and
 gate/up weights share their input and so their Hessian, ``names.input_key``).
 Guarantees: LINEAR and EMBEDDING attrs carry ``weight_format`` and ``group_size``; a q8/q4
 EMBEDDING's inputs are ``table`` (``token_embd.q8weight`` or ``.qweight``), ``scales`` and, when
-asymmetric int4, ``zeros``; a q4 LINEAR's inputs are
+asymmetric int4, ``zeros``; a q4 or q8 LINEAR's inputs are
 ``qweight``, ``scales`` and optionally ``zeros`` instead of ``weight`` (the LM head's are named
-``output.*``), plus ``residual_rowptr``, ``residual_cols`` and ``residual_vals`` (weights
+``output.*``; only the LM head is q8, with ``group_size`` 0), plus ``residual_rowptr``, ``residual_cols`` and ``residual_vals`` (weights
 ``<base>.residual_*``) when the recipe keeps a residual; ``meta["quant"]`` records the recipe
 and how it was calibrated. Deterministic: the
 same weights and statistics give the same bytes.
-Not handled: int8 activations; int8 linear weights; GPTQ or asymmetric int8 for the embedding table.
+Not handled: int8 activations; int8 transformer-block linears; GPTQ for int8; GPTQ or asymmetric int8
+for the embedding table.
 """
 
 from __future__ import annotations
@@ -82,8 +87,8 @@ class QuantRecipe:
     def __post_init__(self) -> None:
         if self.weight_format not in (WeightFormat.F16, WeightFormat.Q4):
             raise BuildOptionError(f"quantization '{self.name}' must store f16 or q4 weights")
-        if self.lm_head not in (WeightFormat.F16, WeightFormat.Q4):
-            raise BuildOptionError(f"--lm-head {self.lm_head.value} is not supported; choose fp16 or int4")
+        if self.lm_head not in (WeightFormat.F16, WeightFormat.Q8, WeightFormat.Q4):
+            raise BuildOptionError(f"--lm-head {self.lm_head.value} is not supported; choose fp16, int8 or int4")
         if self.embeddings not in (WeightFormat.F16, WeightFormat.Q8, WeightFormat.Q4):
             raise BuildOptionError(f"--embeddings {self.embeddings.value} is not supported; choose fp16, int8 or int4")
         if self.group_size < 0 or (self.group_size and self.group_size % 8):
@@ -220,7 +225,7 @@ def quantize_embedding(table: np.ndarray, recipe: QuantRecipe
     """
     h = table.shape[1]
     if recipe.embeddings is WeightFormat.Q8:
-        codes, scales = int8_rtn(table)
+        codes, scales, _ = int8_rtn(table)
         return codes, scales, None, 0
     if h % 8:
         raise BuildOptionError(f"--embeddings int4 packs 8 codes per word but the hidden size is {h}; "
@@ -296,17 +301,24 @@ def _quantize_linear(n: Node, module: Module, is_head: bool, recipe: QuantRecipe
         out[wname] = frozen_array(w.astype(np.float16))
         return replace(n, attrs=replace(n.attrs, weight_format=fmt))
     base = names.LM_HEAD.removesuffix(".weight") if is_head else wname.removesuffix(".weight")
+    if fmt is WeightFormat.Q8:
+        codes, scales, zeros = int8_rtn(w, recipe.symmetric)
+        return _with_codes(n, out, base, fmt, 0, {"q8weight": codes, "scales": scales, "zeros": zeros})
     h = calibration.hessian(names.LM_HEAD if is_head else names.input_key(wname), w.shape[1]) if recipe.calibrated else None
     codes, scales, zeros, residual = quantize_weight(w, recipe, h)
-    out[f"{base}.qweight"] = frozen_array(int4.pack(codes))
-    out[f"{base}.scales"] = frozen_array(scales)
+    stored = {"qweight": int4.pack(codes), "scales": scales, "zeros": zeros,
+              **dict(zip(sparse_residual.ROLES, residual or (None,) * len(sparse_residual.ROLES)))}
+    return _with_codes(n, out, base, fmt, recipe.group_size, stored)
+
+
+def _with_codes(n: Node, out: dict, base: str, fmt: WeightFormat, group_size: int,
+                stored: dict[str, np.ndarray | None]) -> Node:
+    """``n`` reading quantized weights in place of ``weight``: each non-None ``stored[suffix]`` becomes
+    the param ``<base>.<suffix>`` in ``out`` and an input of the node; the codes (``qweight`` or
+    ``q8weight``) take the input role ``qweight``, every other suffix is its own role."""
     inputs = {r: s for r, s in n.inputs.items() if r != "weight"}
-    inputs.update(qweight=f"{base}.qweight", scales=f"{base}.scales")
-    if zeros is not None:
-        out[f"{base}.zeros"] = frozen_array(zeros)
-        inputs["zeros"] = f"{base}.zeros"
-    if residual is not None:
-        for role, a in zip(sparse_residual.ROLES, residual):
-            out[f"{base}.{role}"] = frozen_array(a)
-            inputs[role] = f"{base}.{role}"
-    return Node(n.op, n.name, inputs, n.outputs, replace(n.attrs, weight_format=fmt, group_size=recipe.group_size))
+    for suffix, a in stored.items():
+        if a is not None:
+            out[f"{base}.{suffix}"] = frozen_array(a)
+            inputs["qweight" if suffix in ("qweight", "q8weight") else suffix] = f"{base}.{suffix}"
+    return Node(n.op, n.name, inputs, n.outputs, replace(n.attrs, weight_format=fmt, group_size=group_size))

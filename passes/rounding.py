@@ -1,9 +1,10 @@
-"""int4 round-to-nearest: the grid (scale and zero-point per row or group) and the code rule.
+"""Round-to-nearest: the grid (scale and zero-point per row or group) and the code rule, for int4 and int8.
 
-Shared by ``quantize.py`` (plain round-to-nearest) and ``gptq.py`` (calibrated rounding), so both
-produce the same kind of ``(codes, scales, zeros)`` for the packed layout of ``artifacts/int4.py``:
-``W[n, k] ~ (code - zero) * scale`` with f16 scales, ``zero = 8`` when symmetric. ``int8_rtn`` is
-the int8 counterpart (symmetric, per row) for embedding tables.
+Shared by ``quantize.py`` (plain round-to-nearest) and ``gptq.py`` (calibrated rounding, int4), so
+both produce the same kind of ``(codes, scales, zeros)`` for the packed layout of
+``artifacts/int4.py``: ``W[n, k] ~ (code - zero) * scale`` with f16 scales, ``zero = 8`` when
+symmetric. ``int8_rtn`` is the same rule on 8 bits (codes ``[0, 256)``, ``zero = 128`` when
+symmetric, ``artifacts/int8.py``), one scale per row: embedding tables and the int8 LM head.
 """
 
 from __future__ import annotations
@@ -11,29 +12,34 @@ from __future__ import annotations
 import numpy as np
 
 
-def quantize_rtn(w: np.ndarray, group_size: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Round-to-nearest int4 of ``w`` f32 ``[N, K]``: ``(codes u8 [N, K], scales f16 [N, G], zeros f16 [N, G] | None)``.
+def quantize_rtn(w: np.ndarray, group_size: int, symmetric: bool,
+                 bits: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Round-to-nearest ``bits``-bit (4 or 8) codes of ``w`` f32 ``[N, K]``: ``(codes u8 [N, K],
+    scales f16 [N, G], zeros f16 [N, G] | None)``.
 
-    The grid is ``int4_grid``'s, the codes ``int4_codes``'. A last group shorter than
-    ``group_size`` is allowed.
+    The grid is ``int4_grid``'s, the codes ``int4_codes``' (on ``bits`` bits). A last group shorter
+    than ``group_size`` is allowed.
     """
     n, k = w.shape
     gs = group_size or k
-    scales, zeros = int4_grid(w, group_size, symmetric)
+    scales, zeros = int4_grid(w, group_size, symmetric, bits=bits)
     expand = np.arange(k) // gs                             # [K] group of each column
-    codes = int4_codes(w.astype(np.float32), scales[:, expand], None if zeros is None else zeros[:, expand])
+    codes = int4_codes(w.astype(np.float32), scales[:, expand], None if zeros is None else zeros[:, expand], bits)
     return codes, scales.astype(np.float16), None if zeros is None else zeros.astype(np.float16)
 
 
 def int4_grid(w: np.ndarray, group_size: int, symmetric: bool,
-              clip: float | np.ndarray = 1.0) -> tuple[np.ndarray, np.ndarray | None]:
+              clip: float | np.ndarray = 1.0, bits: int = 4) -> tuple[np.ndarray, np.ndarray | None]:
     """The int4 grid of ``w`` f32 ``[N, K]``: ``(scales [N, G], zeros [N, G] | None)``, f32 holding f16 values.
 
     Symmetric: ``scale = clip * absmax / 7`` (code 8 is zero). Asymmetric: the range
     ``[clip * min(w, 0), clip * max(w, 0)]`` in 15 steps, ``zero = round(-min / scale)``. Scales are
     rounded to f16 before the zero-points, so codes computed from them are optimal for the scales
     the kernel will see. ``clip`` (a scalar, or ``[N, 1]`` / ``[N, G]``) shrinks the range.
+    ``bits = 8``: the same with 127 (code 128 is zero) and 255 steps (every zero-point in
+    ``[0, 255]`` is exact in f16).
     """
+    half, steps = _levels(bits)
     n, k = w.shape
     gs = group_size or k
     g = -(-k // gs)
@@ -44,28 +50,35 @@ def int4_grid(w: np.ndarray, group_size: int, symmetric: bool,
     clip = np.float32(clip) if np.isscalar(clip) else np.asarray(clip, np.float32)
     if symmetric:
         absmax = np.where(valid, np.abs(blocks), 0).max(-1)             # [N, G]
-        return _f16_scale(clip * absmax / 7), None
+        return _f16_scale(clip * absmax / (half - 1)), None
     lo = clip * np.minimum(np.where(valid, blocks, big).min(-1), 0)
     hi = clip * np.maximum(np.where(valid, blocks, -big).max(-1), 0)
-    scales = _f16_scale((hi - lo) / 15)
-    return scales, np.clip(np.rint(-lo / scales), 0, 15).astype(np.float32)
+    scales = _f16_scale((hi - lo) / steps)
+    return scales, np.clip(np.rint(-lo / scales), 0, steps).astype(np.float32)
 
 
-def int4_codes(w: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None) -> np.ndarray:
+def int4_codes(w: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None, bits: int = 4) -> np.ndarray:
     """u8 codes of ``w`` on a grid (``scales``/``zeros`` broadcast against ``w``): the nearest of
-    ``(code - zero) * scale``, with ``zero = 8`` when ``zeros`` is None (symmetric)."""
+    ``(code - zero) * scale``, with ``zero = 8`` (128 for ``bits = 8``) when ``zeros`` is None (symmetric)."""
+    half, steps = _levels(bits)
     if zeros is None:
-        return (np.clip(np.rint(w / scales), -8, 7) + 8).astype(np.uint8)
-    return np.clip(np.rint(w / scales) + zeros, 0, 15).astype(np.uint8)
+        return (np.clip(np.rint(w / scales), -half, half - 1) + half).astype(np.uint8)
+    return np.clip(np.rint(w / scales) + zeros, 0, steps).astype(np.uint8)
 
 
-def int8_rtn(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric round-to-nearest int8 of ``w`` f32 ``[N, K]``, one scale per row: ``(codes u8 [N, K],
-    scales f16 [N, 1])`` with ``W ~ (code - 128) * scale`` (``artifacts/int8.py``), ``scale = absmax / 127``,
-    codes in ``[1, 255]``."""
-    scales = _f16_scale(np.abs(w.astype(np.float32)).max(axis=1, keepdims=True) / 127)   # [N, 1]
-    codes = (np.clip(np.rint(w / scales), -127, 127) + 128).astype(np.uint8)
-    return codes, scales.astype(np.float16)
+def int8_rtn(w: np.ndarray, symmetric: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Round-to-nearest int8 of ``w`` f32 ``[N, K]``, one scale per row: ``(codes u8 [N, K], scales f16
+    [N, 1], zeros f16 [N, 1] | None)`` with ``W ~ (code - zero) * scale`` (``artifacts/int8.py``).
+    Symmetric: ``scale = absmax / 127``, zero 128, codes in ``[1, 255]``; asymmetric: ``[min(w, 0),
+    max(w, 0)]`` in 255 steps, the zero-point an integer in ``[0, 255]``."""
+    return quantize_rtn(w, 0, symmetric, bits=8)
+
+
+def _levels(bits: int) -> tuple[int, int]:
+    """``(symmetric zero code, largest code)`` of a ``bits``-bit grid: (8, 15) for int4, (128, 255) for int8."""
+    if bits not in (4, 8):
+        raise ValueError(f"{bits}-bit codes: only 4 and 8 are stored")
+    return 1 << (bits - 1), (1 << bits) - 1
 
 
 def _f16_scale(s: np.ndarray) -> np.ndarray:

@@ -11,7 +11,7 @@ buffer larger than the launch needs (``io.prompt [max_bucket]`` for a shorter bu
 its dtype must be the one the ABI names.
 
 ``CpuExecutor`` implements ``runner/executor.py`` over one host arena laid out as the plan says. It
-keeps an f32 copy of every linear weight (dequantized once when q4), so replays cost only the math.
+keeps an f32 copy of every linear weight (dequantized once when q4 or q8), so replays cost only the math.
 """
 
 from __future__ import annotations
@@ -98,19 +98,21 @@ def _dequantized_rows(args: dict[str, Any], fmt: str, pick: np.ndarray) -> np.nd
 
 
 def dense_weight(args: dict[str, Any], attrs: Mapping[str, str]) -> np.ndarray:
-    """The f32 ``[NW, K]`` matrix a linear launch multiplies by (q4 codes dequantized)."""
+    """The f32 ``[NW, K]`` matrix a linear launch multiplies by (q4 and q8 codes dequantized)."""
     n, k, gs = args["N"], args["K"], args["group_size"]
     nw = 2 * n if _variant(attrs, "linear", "act") == "silu_mul" else n
-    if _variant(attrs, "linear", "weight_format") == "f16":
+    fmt = _variant(attrs, "linear", "weight_format")
+    if fmt == "f16":
         return _arr(args, "weight", F16, nw, k).astype(F32)
     if k % 8 or gs < 0:
-        raise ArtifactError(f"q4 linear with K={k}, group_size={gs}: K must be a multiple of 8 "
+        raise ArtifactError(f"{fmt} linear with K={k}, group_size={gs}: K must be a multiple of 8 "
                             "and group_size >= 0; rebuild the artifact with this grokc")
     groups = -(-k // (gs or k))
-    packed = _arr(args, "weight", U8, nw, k // 2)      # [NW, K/2]
     scales = _arr(args, "scales", F16, nw, groups)     # [NW, G]
-    zeros = _opt(args, "zeros", F16, nw, groups)       # [NW, G] or None: the symmetric code 8
-    return int4.dequantize(packed, scales, zeros, gs)  # [NW, K]
+    zeros = _opt(args, "zeros", F16, nw, groups)       # [NW, G] or None: the symmetric code (8 or 128)
+    if fmt == "q8":
+        return int8.dequantize(_arr(args, "weight", U8, nw, k), scales, zeros, gs)       # [NW, K]
+    return int4.dequantize(_arr(args, "weight", U8, nw, k // 2), scales, zeros, gs)     # [NW, K]
 
 
 def _prologue(args: dict[str, Any], m: int, k: int) -> np.ndarray:

@@ -1,6 +1,7 @@
 """Kernel rules for the ``linear`` op, and the kernel variants they name.
 
-Three kernel families, tried in this order (``RULES["linear"]``):
+Four kernel families, tried in this order (``RULES["linear"]``; docs/kernels-linear.md has the
+gemv2 family, the first):
 
 - ``gemv``: few rows of x (decode, ``M <= 16``). Streams the weight once at full bandwidth, int4
   dequantised in registers, on tensor cores (``kernels/linear_gemv.cuh``). Symbol
@@ -14,7 +15,9 @@ Three kernel families, tried in this order (``RULES["linear"]``):
   (``kernels/linear_ref.cuh``). Symbol ``linear_ref_<wf>_<act>_<out>``.
 
 ``wf`` is ``f16``, ``q4`` (one scale per row: ``group_size == 0`` or ``>= K``) or ``q4g``
-(groups along K); ``act`` is ``none`` or ``silu`` (``silu_mul``); ``out`` is ``f16`` or ``f32``.
+(groups along K), or ``q8`` (int8 codes, ``artifacts/int8.py``: gemv2 per row only, ref any group
+size; the gemv and gemm families do not read int8, so a q8 call past gemv2 falls back to ref);
+``act`` is ``none`` or ``silu`` (``silu_mul``); ``out`` is ``f16`` or ``f32``.
 Null ``zeros``, ``norm`` and ``residual`` are handled at run time by every kernel.
 
 Module protocol (shared with ``rules_attention`` and ``rules_misc``): ``RULES``, ``HEADERS``
@@ -41,7 +44,11 @@ GEMV_X_BUDGET = 64 * 1024  # bytes of staged x per block; gemv::X_BUDGET in line
 GEMM_BK = 64               # gemm::BK in linear_gemm.cuh
 REF_THREADS = 128          # ref::THREADS in linear_ref.cuh
 
-_WF_CPP = {"f16": "F16", "q4": "Q4", "q4g": "Q4G"}
+_WF_CPP = {"f16": "F16", "q4": "Q4", "q4g": "Q4G", "q8": "Q8"}
+# The weight formats (symbol ``wf``) each family implements.
+GEMV2_FORMATS = ("f16", "q4", "q4g", "q8")
+GEMV_FORMATS = GEMM_FORMATS = ("f16", "q4", "q4g")
+REF_FORMATS = ("f16", "q4", "q8")   # any group size: the kernel reads the group from group_size
 _ACT_CPP = {"none": "NONE", "silu": "SILU_MUL"}
 _ACT_ATTR = {"none": "none", "silu_mul": "silu"}
 
@@ -49,6 +56,11 @@ _ACT_ATTR = {"none": "none", "silu_mul": "silu"}
 # ---- variants ------------------------------------------------------------------------------------
 def _bounds(threads: int, minb: int) -> str:
     return f"__launch_bounds__({threads}, {minb})" if minb else f"__launch_bounds__({threads})"
+
+
+def gemv2_step_k(wf: str) -> int:
+    """k per gemv2 step: 4 lanes x one 16-byte chunk per A row (8 halves, 16 int8 or 32 int4 codes)."""
+    return {"f16": 32, "q8": 64}.get(wf, 128)
 
 
 def _cpp_common(wf: str, act: str, out: str) -> str:
@@ -125,8 +137,8 @@ class Gemv2:
         return 32 * self.ks * self.wn
 
     @property
-    def step_k(self) -> int:  # 4 lanes x one 16-byte chunk per A row
-        return 32 if self.wf == "f16" else 128
+    def step_k(self) -> int:
+        return gemv2_step_k(self.wf)
 
     @property
     def cols(self) -> int:
@@ -197,7 +209,7 @@ class Gemm:
 
 @dataclass(frozen=True)
 class Ref:
-    wf: str  # "f16" or "q4" (any group size)
+    wf: str  # "f16", "q4" or "q8" (any group size)
     act: str
     out: str
 
@@ -210,7 +222,7 @@ class Ref:
                 f"{{ grokc::ref::linear_ref<{_cpp_common(self.wf, self.act, self.out)}>(GROKC_LINEAR_ARGS); }}\n")
 
 
-_COMMON = r"(?P<wf>f16|q4g|q4)_(?P<act>none|silu)_(?P<out>f16|f32)"
+_COMMON = r"(?P<wf>f16|q4g|q4|q8)_(?P<act>none|silu)_(?P<out>f16|f32)"
 _GEMV_RE = re.compile(rf"linear_gemv_{_COMMON}_m(?P<mt>\d+)k(?P<ks>\d+)r(?P<rg>\d+)u(?P<u>\d+)b(?P<b>\d+)")
 _GEMV2_RE = re.compile(
     rf"linear_gemv2_{_COMMON}_r(?P<r>\d+)k(?P<ks>\d+)w(?P<wn>\d+)d(?P<d>\d+)p(?P<pf>\d+)n(?P<nl>\d+)b(?P<b>\d+)")
@@ -226,19 +238,20 @@ def parse(symbol: str) -> Gemv2 | Gemv | Gemm | Ref | None:
                    int(m["nl"]), int(m["b"]))
         ok = (v2.r in (1, 2, 3, 4) and v2.ks in (1, 2, 4, 8, 16) and v2.wn in (1, 2, 4, 8) and 1 <= v2.d <= 8
               and v2.r * v2.d <= 8 and v2.pf in (0, 1, 2) and v2.nl in (0, 1)  # ring: 8 * R * D registers
-              and v2.threads <= 512 and 0 <= v2.minb <= 8)
+              and v2.threads <= 512 and 0 <= v2.minb <= 8 and v2.wf in GEMV2_FORMATS)
         return v2 if ok and v2.symbol == symbol else None
     if m := _GEMV_RE.fullmatch(symbol):
         v = Gemv(m["wf"], m["act"], m["out"], int(m["mt"]), int(m["ks"]), int(m["rg"]), int(m["u"]), int(m["b"]))
         ok = (v.mt in (8, 16) and v.ks in (1, 2, 4, 8) and 1 <= v.rg <= 8 and 1 <= v.u <= 8
-              and v.threads <= 512 and 0 <= v.minb <= 8)
+              and v.threads <= 512 and 0 <= v.minb <= 8 and v.wf in GEMV_FORMATS)
         return v if ok and v.symbol == symbol else None
     if m := _GEMM_RE.fullmatch(symbol):
         v = Gemm(m["wf"], m["act"], m["out"], int(m["bm"]), int(m["bn"]), int(m["wm"]), int(m["wn"]), int(m["st"]),
                  int(m["b"]))
-        return v if v.valid() and v.threads <= 512 and 0 <= v.minb <= 4 and v.symbol == symbol else None
+        ok = v.valid() and v.threads <= 512 and 0 <= v.minb <= 4 and v.wf in GEMM_FORMATS
+        return v if ok and v.symbol == symbol else None
     if m := _REF_RE.fullmatch(symbol):
-        return Ref(m["wf"], m["act"], m["out"]) if m["wf"] != "q4g" else None
+        return Ref(m["wf"], m["act"], m["out"]) if m["wf"] in REF_FORMATS else None
     return None
 
 
@@ -253,7 +266,7 @@ def kernel_source(symbol: str) -> str | None:
 class _Linear:
     """A linear call's attributes and dims, checked; None from ``_linear`` when they are invalid."""
 
-    fmt: str     # "f16" | "q4"
+    fmt: str     # "f16" | "q4" | "q8"
     act: str     # "none" | "silu"
     out: str     # "f16" | "f32"
     m: int
@@ -271,17 +284,25 @@ class _Linear:
 
     @property
     def wf(self) -> str:
-        """The fast kernels' format: q4 splits into per-channel and grouped."""
+        """The fast kernels' format: q4 and q8 split into per-channel and grouped (``q8g``, no kernel's)."""
         if self.fmt == "f16":
             return "f16"
-        return "q4" if self.per_channel else "q4g"
+        return self.fmt if self.per_channel else self.fmt + "g"
 
     @property
     def fast_ok(self) -> bool:
-        """Shape requirements of the gemv and gemm kernels."""
+        """Format and shape requirements of the gemv and gemm kernels (f16 and q4 only)."""
         if self.fmt == "f16":
             return self.k % 8 == 0
-        return self.k % 32 == 0 and (self.per_channel or self.gs % 32 == 0)
+        if self.fmt == "q4":
+            return self.k % 32 == 0 and (self.per_channel or self.gs % 32 == 0)
+        return False
+
+    @property
+    def gemv2_ok(self) -> bool:
+        """Format and shape requirements of the gemv2 kernels: the fast ones', plus per-channel q8
+        with whole 16-byte chunks (``K % 16 == 0``)."""
+        return self.fast_ok or (self.wf == "q8" and self.k % 16 == 0)
 
 
 def _linear(call: KernelCall) -> _Linear | None:
@@ -291,7 +312,7 @@ def _linear(call: KernelCall) -> _Linear | None:
         m, n, k, gs = int(d["M"]), int(d["N"]), int(d["K"]), int(d["group_size"])
     except KeyError:
         return None
-    if fmt not in ("f16", "q4") or out not in ("f16", "f32") or m < 1 or n < 1 or k < 8 or k % 8 or gs < 0:
+    if fmt not in ("f16", "q4", "q8") or out not in ("f16", "f32") or m < 1 or n < 1 or k < 8 or k % 8 or gs < 0:
         return None
     return _Linear(fmt, act, out, m, n, k, gs)
 
@@ -299,8 +320,8 @@ def _linear(call: KernelCall) -> _Linear | None:
 def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
     """The gemv2 tiling for a call (M <= 8), fitted to the H200 sweeps (docs/kernels-linear.md).
 
-    A row group is 16 A rows (16 outputs, or 8 for silu_mul); a step is 128 k of int4 or 32 k of
-    f16 (1 KB of weights per row group either way).
+    A row group is 16 A rows (16 outputs, or 8 for silu_mul); a step is 128 k of int4, 64 k of
+    int8 or 32 k of f16 (1 KB of weights per row group in every format).
 
     - R = 2 row groups per warp once there are more row groups than SMs, else 1;
     - K is split over KS warps until each warp has at most 2 steps (at most 16 warps), then KS
@@ -315,8 +336,7 @@ def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
       4.2 against 4.3, gate_up 8.4 against 9.2).
     """
     groups = -(-lin.n // 8) if lin.act == "silu" else -(-lin.nw // 16)
-    step_k = 32 if lin.wf == "f16" else 128
-    nsteps = -(-lin.k // step_k)
+    nsteps = -(-lin.k // gemv2_step_k(lin.wf))
     r = 2 if groups >= target.num_sms else 1
     rows = -(-groups // r)  # warps along N
     ks = 1
@@ -335,7 +355,7 @@ def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
 def rule_gemv2(call: KernelCall, target: Target) -> KernelChoice | None:
     if call.op != "linear" or (lin := _linear(call)) is None:
         return None
-    if lin.m > GEMV2_MAX_M or not lin.fast_ok:
+    if lin.m > GEMV2_MAX_M or not lin.gemv2_ok:
         return None
     v = gemv2_variant(lin, target)
     smem = v.smem(lin.m, lin.k)

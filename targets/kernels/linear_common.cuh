@@ -1,5 +1,5 @@
 // Definitions shared by the `linear` kernels (artifacts/kernel_abi.py is the spec):
-//   out = epilogue(prologue(x) @ W^T), W f16 [NW, K] or int4 [NW, K/2] with f16 scales/zeros.
+//   out = epilogue(prologue(x) @ W^T), W f16 [NW, K], int4 [NW, K/2] or int8 [NW, K] with f16 scales/zeros.
 #pragma once
 
 #include "common.cuh"
@@ -9,8 +9,10 @@ namespace linear {
 
 // Weight format, as a template argument. Q4: one scale (and zero) per row (group_size == 0 or
 // >= K), applied to the finished dot product. Q4G: groups of group_size (a multiple of 32) along
-// K, scale and zero folded into the dequantised weights.
-enum WFormat { F16 = 0, Q4 = 1, Q4G = 2 };
+// K, scale and zero folded into the dequantised weights. Q8: int8 codes (artifacts/int8.py), one
+// byte each, any group size in linear_ref, one scale (and zero) per row in linear_gemv2; the gemv
+// and gemm families do not read it.
+enum WFormat { F16 = 0, Q4 = 1, Q4G = 2, Q8 = 3 };
 enum Act { NONE = 0, SILU_MUL = 1 };
 
 __device__ __forceinline__ void store(void* out, size_t i, float v, bool f32) {

@@ -268,6 +268,7 @@ __device__ __forceinline__ void linear_gemm_body(GROKC_LINEAR_PARAMS) {
 
 template <int WF, int ACT, bool OUT_F32, int BM, int BN, int WM, int WN, int STAGES>
 __device__ __forceinline__ void linear_gemm(GROKC_LINEAR_PARAMS) {
+    static_assert(WF == F16 || WF == Q4 || WF == Q4G, "the gemm family reads f16 and int4 weights");
     const bool z = WF != F16 && zeros != nullptr;
     if (norm != nullptr) {
         if (z)

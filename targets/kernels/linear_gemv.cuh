@@ -250,6 +250,7 @@ __device__ __forceinline__ void linear_gemv_body(GROKC_LINEAR_PARAMS) {
 template <int WF, int ACT, bool OUT_F32, int MT, int KS, int RG, int U>
 __device__ __forceinline__ void linear_gemv(GROKC_LINEAR_PARAMS) {
     static_assert(MT == 8 || MT == 16, "MT is 8 or 16");
+    static_assert(WF == F16 || WF == Q4 || WF == Q4G, "the gemv family reads f16 and int4 weights");
     if (WF != F16 && zeros != nullptr)
         linear_gemv_body<WF, ACT, OUT_F32, MT, KS, RG, U, true>(GROKC_LINEAR_ARGS);
     else

@@ -10,12 +10,13 @@
 //
 // Lanes and weights. Lane (g, t) = (lane / 4, lane % 4) of a warp loads, per "step" and per row
 // group of 16 A rows, one 16-byte chunk of A row g and one of A row g + 8, both at
-// k = step * STEP_K + t * CK (CK = 32 codes of int4, 8 halves of f16; STEP_K = 4 * CK): a warp
-// load covers 64 contiguous bytes of 8 rows. In the MMA, logical k columns (2t, 2t+1) and
-// (2t+8, 2t+9) are physical pairs of lane t's chunk: for int4, word w of the chunk feeds two MMAs,
-// pairs 0/1 then 2/3 (the pair order artifacts/int4.py packs for the magic-number conversion);
-// for f16 the chunk's 4 half2 feed two MMAs the same way. B row (2t, 2t+1) of column g is then
-// x[g] at those same physical k, read from shared memory with one 16-byte load per 8 k.
+// k = step * STEP_K + t * CK (CK = 32 codes of int4, 16 of int8, 8 halves of f16; STEP_K = 4 * CK):
+// a warp load covers 64 contiguous bytes of 8 rows. In the MMA, logical k columns (2t, 2t+1) and
+// (2t+8, 2t+9) are physical pairs of lane t's chunk: the chunk is NP = CK / 8 pieces of 8
+// consecutive k, and piece v feeds two MMAs, its pairs 0/1 then 2/3 (a_pairs: for int4 piece v is
+// word v, in the pair order artifacts/int4.py packs for the magic-number conversion; for int8 words
+// 2v and 2v + 1, one code per byte; for f16 the chunk's 4 half2). B row (2t, 2t+1) of column g is
+// then x[g] at those same physical k, read from shared memory with one 16-byte load per piece.
 //
 // A rows: act none: 16 consecutive weight rows; silu_mul: A rows 0..7 are gate rows n..n+7 and
 // rows 8..15 the up rows N+n..N+n+7, so D[g] (gate) and D[g+8] (up) of output n+g land in the same
@@ -26,6 +27,9 @@
 // (x / 16 - 72) gives (e - 8) exactly, 9 instructions per 8 codes (w >> 8 serves pairs 2, 3).
 // Per-channel scales and zeros: the row's (z - 8) is subtracted in f16 (one more hsub2, only with
 // zeros), the scale multiplies the fp32 sum. Groups: (e - 8) * s - (z - 8) * s by hfma2 per pair.
+// int8 -> half2: prmt (byte permute) puts code bytes 0, 1 (and 2, 3) under the byte 0x64, giving
+// (1024 + b0, 1024 + b1); one hsub2 (1152) gives (b - 128) exactly, 4 instructions per 4 codes;
+// per row only (scale on the fp32 sum, (z - 128) by one more hsub2).
 //
 // Work split. A block has KS * WN warps: warp (ks, wn) streams R row groups (16 A rows each) over
 // the steps ks, ks + KS, ... (split-K inside the block); the block owns WN * R row groups. Every
@@ -52,7 +56,7 @@
 // + [KS > 1] KS * M * 16 * R * WN * 4   (partial sums)
 //
 // Requirements (checked by the rule): 1 <= M <= 8; f16: K % 8 == 0; int4: K % 32 == 0 and, with
-// groups, group_size % 32 == 0.
+// groups, group_size % 32 == 0; int8: K % 16 == 0, one scale per row (group_size 0 or >= K).
 #pragma once
 
 #include "linear_common.cuh"
@@ -66,10 +70,13 @@ using namespace linear;
 constexpr int MAXM = 8;
 
 // Physical 16-byte piece of logical piece p in staged row m (rows are a multiple of 16 pieces).
-// int4 steps read pieces 16s + 4t + w, f16 steps 4s + t; both are conflict-free per 8-lane phase.
+// int4 steps read pieces 16s + 4t + w, int8 steps 8s + 2t + v, f16 steps 4s + t; all are
+// conflict-free per 8-lane phase (lanes g = 0, 1 read rows 0, 1 at the same p: row 1 moves to the
+// other half of the 128 bytes).
 template <int WF>
 __device__ __forceinline__ int swz(int m, int p) {
     if (WF == F16) return p ^ ((m & 1) << 2);
+    if (WF == Q8) return p ^ (m & 1);
     return p ^ (((p >> 3) & 1) << 1) ^ (m & 1);
 }
 
@@ -107,12 +114,47 @@ __device__ __forceinline__ void q4_pairs(uint32_t w, uint32_t p[4]) {
     p[3] = h2_as_u32(__hfma2(u32_as_h2(lop3_and_or(w8, 0x00F000F0u, MAGIC)), S_HI, B_HI));
 }
 
+// Bytes of a weight row's first k columns: 2k (f16), k (int8), k / 2 (int4).
+template <int WF>
+__device__ __forceinline__ size_t weight_bytes(int k) {
+    return WF == F16 ? static_cast<size_t>(k) * 2 : WF == Q8 ? static_cast<size_t>(k) : static_cast<size_t>(k) / 2;
+}
+
+// Two half2 (b0 - 128, b1 - 128) and (b2 - 128, b3 - 128) of one word of int8 codes (artifacts/int8.py:
+// byte i is the code of k + i, so the pairs are consecutive k like f16's and int4's). prmt puts each
+// code byte under the byte 0x64, which is the f16 1024 + b exactly; one hsub2 of 1152 leaves b - 128,
+// exact (|b - 128| <= 128): 4 instructions per 4 codes.
+__device__ __forceinline__ void q8_pairs(uint32_t w, uint32_t* p) {
+    const uint32_t EXP = 0x64646464u;
+    const __half2 BIAS = u32_as_h2(0x64806480u);   // (1152, 1152)
+    p[0] = h2_as_u32(__hsub2(u32_as_h2(__byte_perm(w, EXP, 0x5150u)), BIAS));
+    p[1] = h2_as_u32(__hsub2(u32_as_h2(__byte_perm(w, EXP, 0x5352u)), BIAS));
+}
+
+// The four half2 of piece v (8 consecutive k: pairs 0-1, 2-3, 4-5, 6-7) of a lane's 16-byte chunk of
+// one A row: f16 as stored (v = 0), int4 word v (q4_pairs), int8 words 2v and 2v + 1 (q8_pairs);
+// codes come out minus their symmetric code, exactly.
+template <int WF>
+__device__ __forceinline__ void a_pairs(const uint4& c, int v, uint32_t p[4]) {
+    const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+    if (WF == F16) {
+        p[0] = c.x, p[1] = c.y, p[2] = c.z, p[3] = c.w;
+    } else if (WF == Q8) {
+        q8_pairs(w[2 * v], p);
+        q8_pairs(w[2 * v + 1], p + 2);
+    } else {
+        q4_pairs(w[v], p);
+    }
+}
+
 template <int WF, int ACT, bool OUT_F32, int R, int KS, int WN, int D, int PF, int NL, bool NORM, bool ZERO>
 __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
     constexpr int NWARP = KS * WN;
     constexpr int NT = 32 * NWARP;
-    constexpr int CK = (WF == F16) ? 8 : 32;            // k per 16-byte chunk
+    constexpr int CK = (WF == F16) ? 8 : (WF == Q8) ? 16 : 32;  // k per 16-byte chunk
+    constexpr int NP = CK / 8;                          // 16-byte pieces of staged x per chunk
     constexpr int STEP_K = 4 * CK;                      // k per step (4 lanes t)
+    constexpr bool PER_ROW = WF == Q4 || WF == Q8;      // one scale (and zero) per row, on the fp32 sums
     constexpr int BR = 16 * R * WN;                     // A rows per block
     constexpr int OC = (ACT == SILU_MUL) ? BR / 2 : BR; // outputs per block
     constexpr bool NPASS = NORM && NL == 0;             // norm applied by a pass over staged x
@@ -126,7 +168,7 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
     const int nsteps = (K + STEP_K - 1) / STEP_K;
     const int KP = (K + 127) & ~127;                    // staged halves per row
     const int my = ks < nsteps ? (nsteps - ks + KS - 1) / KS : 0;  // steps of this warp
-    const size_t row_bytes = (WF == F16) ? static_cast<size_t>(K) * 2 : static_cast<size_t>(K) / 2;
+    const size_t row_bytes = weight_bytes<WF>(K);
     const int G = (WF == Q4G) ? (K + group_size - 1) / group_size : 1;
 
     __half* xs = reinterpret_cast<__half*>(smem);                       // [M][KP]
@@ -168,7 +210,7 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
         const int s = ks + i * KS;
         const int kc = s * STEP_K + t * CK;
         const bool ok = kc < K;
-        const size_t off = (WF == F16) ? static_cast<size_t>(kc) * 2 : static_cast<size_t>(kc) / 2;
+        const size_t off = weight_bytes<WF>(kc);
 #pragma unroll
         for (int j = 0; j < R; ++j) {
             ring[d][j][0] = ok ? ldg_w<PF>(wlo[j] + off) : make_uint4(0u, 0u, 0u, 0u);
@@ -187,20 +229,21 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
         }
     };
 
-    // per-row scale (Q4) and (zero - 8) (Q4 with zeros), read before the wait like the weights
+    // per-row scale (Q4, Q8) and (zero - symmetric code) (with zeros), read before the wait like the weights
     float sc_lo[R], sc_hi[R];
     __half2 zd_lo[R], zd_hi[R];
 #pragma unroll
     for (int j = 0; j < R; ++j) {
         sc_lo[j] = sc_hi[j] = 1.f;
         zd_lo[j] = zd_hi[j] = __float2half2_rn(0.f);
-        if (WF == Q4) {
+        if (PER_ROW) {
             const int rl = row_ok_lo(j) ? out_n[j] : 0, rh = row_ok_hi(j) ? row_hi(j) : 0;
             sc_lo[j] = __half2float(scales[rl]);
             sc_hi[j] = __half2float(scales[rh]);
             if (ZERO) {
-                zd_lo[j] = __half2half2(__hsub(zeros[rl], __float2half_rn(8.f)));
-                zd_hi[j] = __half2half2(__hsub(zeros[rh], __float2half_rn(8.f)));
+                const __half sym = __float2half_rn(WF == Q8 ? 128.f : 8.f);
+                zd_lo[j] = __half2half2(__hsub(zeros[rl], sym));
+                zd_hi[j] = __half2half2(__hsub(zeros[rh], sym));
             }
         }
     }
@@ -296,72 +339,46 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
 
     auto compute = [&](int d, int i) {
         const int s = ks + i * KS;
-        if (WF == F16) {
-            uint4 xv = lds16(xr + swz<WF>(xrow, s * 4 + t) * 8);
-            if (NLOOP) {
-                const uint4 nv = lds16(ns + swz<WF>(0, s * 4 + t) * 8);
+        uint4 xv[NP];  // x of batch column g at the chunk's k: pieces s * 4 * NP + t * NP + v, 8 k each
+#pragma unroll
+        for (int v = 0; v < NP; ++v) xv[v] = lds16(xr + swz<WF>(xrow, s * 4 * NP + t * NP + v) * 8);
+        if (NLOOP) {
+#pragma unroll
+            for (int v = 0; v < NP; ++v) {
+                const uint4 nv = lds16(ns + swz<WF>(0, s * 4 * NP + t * NP + v) * 8);
                 const uint32_t z = 0u;
-                const uint32_t qa0[4] = {xv.x, z, xv.y, z}, qb0[2] = {xv.x, xv.y};
-                const uint32_t qa1[4] = {xv.z, z, xv.w, z}, qb1[2] = {xv.z, xv.w};
+                const uint32_t qa0[4] = {xv[v].x, z, xv[v].y, z}, qb0[2] = {xv[v].x, xv[v].y};
+                const uint32_t qa1[4] = {xv[v].z, z, xv[v].w, z}, qb1[2] = {xv[v].z, xv[v].w};
                 mma_16816(accsq, qa0, qb0);
                 mma_16816(accsq, qa1, qb1);
-                xv.x = hmul2_u32(xv.x, nv.x);
-                xv.y = hmul2_u32(xv.y, nv.y);
-                xv.z = hmul2_u32(xv.z, nv.z);
-                xv.w = hmul2_u32(xv.w, nv.w);
+                xv[v].x = hmul2_u32(xv[v].x, nv.x);
+                xv[v].y = hmul2_u32(xv[v].y, nv.y);
+                xv[v].z = hmul2_u32(xv[v].z, nv.z);
+                xv[v].w = hmul2_u32(xv[v].w, nv.w);
             }
+        }
 #pragma unroll
-            for (int j = 0; j < R; ++j) {
-                const uint4 lo = ring[d][j][0], hi = ring[d][j][1];
-                const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y}, b0[2] = {xv.x, xv.y};
-                const uint32_t a1[4] = {lo.z, hi.z, lo.w, hi.w}, b1[2] = {xv.z, xv.w};
+        for (int j = 0; j < R; ++j) {
+#pragma unroll
+            for (int v = 0; v < NP; ++v) {
+                uint32_t pl[4], ph[4];
+                a_pairs<WF>(ring[d][j][0], v, pl);
+                a_pairs<WF>(ring[d][j][1], v, ph);
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    if (PER_ROW && ZERO) {
+                        pl[q] = h2_as_u32(__hsub2(u32_as_h2(pl[q]), zd_lo[j]));
+                        ph[q] = h2_as_u32(__hsub2(u32_as_h2(ph[q]), zd_hi[j]));
+                    }
+                    if (WF == Q4G) {
+                        pl[q] = h2_as_u32(__hfma2(u32_as_h2(pl[q]), gsc[d][j][0], gzs[d][j][0]));
+                        ph[q] = h2_as_u32(__hfma2(u32_as_h2(ph[q]), gsc[d][j][1], gzs[d][j][1]));
+                    }
+                }
+                const uint32_t a0[4] = {pl[0], ph[0], pl[1], ph[1]}, b0[2] = {xv[v].x, xv[v].y};
+                const uint32_t a1[4] = {pl[2], ph[2], pl[3], ph[3]}, b1[2] = {xv[v].z, xv[v].w};
                 mma_16816(acc[j][0], a0, b0);
                 mma_16816(acc[j][1], a1, b1);
-            }
-        } else {
-            uint4 xv[4];
-#pragma unroll
-            for (int w = 0; w < 4; ++w) xv[w] = lds16(xr + swz<WF>(xrow, s * 16 + 4 * t + w) * 8);
-            if (NLOOP) {
-#pragma unroll
-                for (int w = 0; w < 4; ++w) {
-                    const uint4 nv = lds16(ns + swz<WF>(0, s * 16 + 4 * t + w) * 8);
-                    const uint32_t z = 0u;
-                    const uint32_t qa0[4] = {xv[w].x, z, xv[w].y, z}, qb0[2] = {xv[w].x, xv[w].y};
-                    const uint32_t qa1[4] = {xv[w].z, z, xv[w].w, z}, qb1[2] = {xv[w].z, xv[w].w};
-                    mma_16816(accsq, qa0, qb0);
-                    mma_16816(accsq, qa1, qb1);
-                    xv[w].x = hmul2_u32(xv[w].x, nv.x);
-                    xv[w].y = hmul2_u32(xv[w].y, nv.y);
-                    xv[w].z = hmul2_u32(xv[w].z, nv.z);
-                    xv[w].w = hmul2_u32(xv[w].w, nv.w);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < R; ++j) {
-                const uint32_t wl[4] = {ring[d][j][0].x, ring[d][j][0].y, ring[d][j][0].z, ring[d][j][0].w};
-                const uint32_t wh[4] = {ring[d][j][1].x, ring[d][j][1].y, ring[d][j][1].z, ring[d][j][1].w};
-#pragma unroll
-                for (int w = 0; w < 4; ++w) {
-                    uint32_t pl[4], ph[4];
-                    q4_pairs(wl[w], pl);
-                    q4_pairs(wh[w], ph);
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        if (WF == Q4 && ZERO) {
-                            pl[q] = h2_as_u32(__hsub2(u32_as_h2(pl[q]), zd_lo[j]));
-                            ph[q] = h2_as_u32(__hsub2(u32_as_h2(ph[q]), zd_hi[j]));
-                        }
-                        if (WF == Q4G) {
-                            pl[q] = h2_as_u32(__hfma2(u32_as_h2(pl[q]), gsc[d][j][0], gzs[d][j][0]));
-                            ph[q] = h2_as_u32(__hfma2(u32_as_h2(ph[q]), gsc[d][j][1], gzs[d][j][1]));
-                        }
-                    }
-                    const uint32_t a0[4] = {pl[0], ph[0], pl[1], ph[1]}, b0[2] = {xv[w].x, xv[w].y};
-                    const uint32_t a1[4] = {pl[2], ph[2], pl[3], ph[3]}, b1[2] = {xv[w].z, xv[w].w};
-                    mma_16816(acc[j][0], a0, b0);
-                    mma_16816(acc[j][1], a1, b1);
-                }
             }
         }
     };

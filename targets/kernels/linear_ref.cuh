@@ -1,5 +1,5 @@
 // `linear`, the fallback: any M, any K % 8 == 0 (the int4 layout's own requirement), any group
-// size. One thread per output element, fp32 all the way, the kernel_abi semantics read literally.
+// size; f16, int4 (Q4) or int8 (Q8) weights. One thread per output element, fp32 all the way, the kernel_abi semantics read literally.
 // Slow; the rules use it only where the fast kernels' shape requirements fail.
 //
 // Launch: grid (ceil(N / 128), M), block 128, no dynamic shared memory.
@@ -14,20 +14,28 @@ using namespace linear;
 
 constexpr int THREADS = 128;
 
-// W[row, k] as the f32 value every kernel must see (artifacts/int4.dequantize for int4).
+// W[row, k] as the f32 value every kernel must see (artifacts/int4.dequantize for int4,
+// artifacts/int8.dequantize for int8).
 template <int WF>
 __device__ __forceinline__ float weight_at(const void* weight, const __half* scales, const __half* zeros,
                                            int row, int k, int K, int group_size) {
     if (WF == F16) return __half2float(static_cast<const __half*>(weight)[static_cast<size_t>(row) * K + k]);
-    const uint32_t word =
-        reinterpret_cast<const uint32_t*>(static_cast<const unsigned char*>(weight) + static_cast<size_t>(row) * (K / 2))[k / 8];
-    const int j = k % 8;
-    const int nibble = (j & 1) ? 4 + j / 2 : j / 2;  // codes e0..e7 sit in nibbles 0 4 1 5 2 6 3 7
-    const float code = static_cast<float>((word >> (4 * nibble)) & 0xFu);
+    const unsigned char* w = static_cast<const unsigned char*>(weight);
+    float code, symmetric_zero;
+    if (WF == Q8) {
+        code = static_cast<float>(w[static_cast<size_t>(row) * K + k]);
+        symmetric_zero = 128.f;
+    } else {
+        const uint32_t word = reinterpret_cast<const uint32_t*>(w + static_cast<size_t>(row) * (K / 2))[k / 8];
+        const int j = k % 8;
+        const int nibble = (j & 1) ? 4 + j / 2 : j / 2;  // codes e0..e7 sit in nibbles 0 4 1 5 2 6 3 7
+        code = static_cast<float>((word >> (4 * nibble)) & 0xFu);
+        symmetric_zero = 8.f;
+    }
     const int gs = group_size > 0 ? group_size : K;
     const int G = (K + gs - 1) / gs;
     const size_t gi = static_cast<size_t>(row) * G + k / gs;
-    const float zero = zeros != nullptr ? __half2float(zeros[gi]) : 8.f;
+    const float zero = zeros != nullptr ? __half2float(zeros[gi]) : symmetric_zero;
     return (code - zero) * __half2float(scales[gi]);
 }
 

@@ -20,8 +20,10 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
 
 
 # int4-r: int4 with a 0.5% fp16 residual and an int4 LM head (sparse_residual launches before
-# every linear, the head's included: its addend is f32 [1 or B, vocab])
-BUILDS = {"fp16": ("fp16", {}), "int4": ("int4", {}), "int4-r": ("int4", {"fp16_residual": 0.005, "lm_head": "int4"})}
+# every linear, the head's included: its addend is f32 [1 or B, vocab]); int4-h8: int4 with an int8
+# LM head (asymmetric like the recipe: gemv2's q8 path with zero-points, at M = 1 and M = batch)
+BUILDS = {"fp16": ("fp16", {}), "int4": ("int4", {}), "int4-r": ("int4", {"fp16_residual": 0.005, "lm_head": "int4"}),
+          "int4-h8": ("int4", {"lm_head": "int8"})}
 
 
 @pytest.fixture(scope="module", params=list(BUILDS))

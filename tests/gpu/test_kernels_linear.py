@@ -3,17 +3,20 @@
 Every case draws fresh random inputs (seeded by the case, so a failure replays), poisons ``out``
 with NaN and checks that every element was written and that
 
-    ||got - want|| / ||want|| <= 2e-3   for f16 weights and per-channel symmetric int4,
+    ||got - want|| / ||want|| <= 2e-3   for f16 weights, per-channel symmetric int4 and int8,
                               <= 5e-3   for int4 with zeros or groups,
 
 where ``want`` is ``OPS["linear"]`` in fp32. Where the error comes from: x (times ``norm``) is
 rounded to f16 once (2**-11 relative), the f16 output is rounded once, int4 codes minus 8 are
 exact in f16 and accumulate in fp32 on the tensor cores; zeros and group scales are folded into
-the f16 weights (one more 2**-11 rounding per weight). Also ``max |got - want| <= 20 * tol *
+the f16 weights (one more 2**-11 rounding per weight). int8 (the LM head's format) has integer
+zero-points here, as the quantize pass stores them, so (code - 128) - (zero - 128) is exact in f16
+and its zeros cost nothing: 2e-3 with and without. Also ``max |got - want| <= 20 * tol *
 rms(want)``, so a few badly wrong elements cannot hide in the norm.
 
 Covered: every family (gemv2 M <= 8, gemv M <= 16, gemm, the fp32 fallback), f16 / int4 per-channel / with
-zeros / groups of 32 and 128, none / silu_mul, f16 / f32 out, with and without norm, residual and
+zeros / groups of 32 and 128, int8 per channel with and without zeros (gemv2 at M <= 8, the fallback
+past it and for groups of 64), none / silu_mul, f16 / f32 out, with and without norm, residual and
 ``addend`` (the sparse residual's f32 product, added before the activation),
 ``out`` aliasing ``residual``, odd shapes (K = 576, N not a multiple of any tile, M = 1, 3, 8, 16,
 17, 100, 130, multi-slab staging at M = 16, K = 8192), and each GEMV / GEMM tiling the bench
@@ -39,8 +42,9 @@ F16, F32 = np.float16, np.float32
 
 # weight formats: (weight_format attr, group_size, zeros?)
 FORMATS = {"f16": ("f16", 0, False), "q4": ("q4", 0, False), "q4z": ("q4", 0, True),
-           "q4g128z": ("q4", 128, True), "q4g32": ("q4", 32, False)}
-TOL = {"f16": 2e-3, "q4": 2e-3, "q4z": 5e-3, "q4g128z": 5e-3, "q4g32": 5e-3}
+           "q4g128z": ("q4", 128, True), "q4g32": ("q4", 32, False),
+           "q8": ("q8", 0, False), "q8z": ("q8", 0, True), "q8g64z": ("q8", 64, True)}
+TOL = {"f16": 2e-3, "q4": 2e-3, "q4z": 5e-3, "q4g128z": 5e-3, "q4g32": 5e-3, "q8": 2e-3, "q8z": 2e-3, "q8g64z": 2e-3}
 
 # (M, N, K): gemv, multi-slab gemv, gemm with partial tiles, and the fallback (K % 32 != 0)
 SHAPES = [(1, 3072, 2048), (1, 960, 576), (3, 100, 576), (8, 1000, 1536), (16, 200, 2048),
@@ -70,12 +74,15 @@ def make_case(rng, m: int, n: int, k: int, fmt: str, act: str, out: str, norm: b
             "residual": None, "addend": None, "M": m, "N": n, "K": k, "group_size": gs, "eps": 1e-5}
     if wf == "f16":
         args["weight"] = (rng.standard_normal((nw, k)) / np.sqrt(k)).astype(F16)
-    else:
+    else:  # codes uniform over the format's range, scales giving weights of std ~1/sqrt(K)
         g = -(-k // (gs or k))
-        args["weight"] = int4.pack(rng.integers(0, 16, (nw, k), dtype=np.uint8))
-        args["scales"] = (rng.uniform(0.5, 1.5, (nw, g)) / (4 * np.sqrt(k))).astype(F16)
-        if zeros:
-            args["zeros"] = rng.uniform(5.0, 11.0, (nw, g)).astype(F16)
+        q8 = wf == "q8"
+        codes = rng.integers(0, 256 if q8 else 16, (nw, k), dtype=np.uint8)
+        args["weight"] = codes if q8 else int4.pack(codes)
+        code_std = 74.0 if q8 else 4.0   # about the std of (code - midpoint): 73.9 and 4.6
+        args["scales"] = (rng.uniform(0.5, 1.5, (nw, g)) / (code_std * np.sqrt(k))).astype(F16)
+        if zeros:   # int8: integer zero-points near the midpoint, as int8_rtn stores them
+            args["zeros"] = (rng.integers(100, 157, (nw, g)) if q8 else rng.uniform(5.0, 11.0, (nw, g))).astype(F16)
     if norm:
         args["norm"] = rng.uniform(0.5, 1.5, k).astype(F16)
     if residual:
@@ -113,7 +120,7 @@ def _cases() -> list[tuple]:
     """Each shape x format x act, with out dtype, norm, residual and addend rotating so all combine."""
     cases = []
     for i, ((m, n, k), fmt, act) in enumerate(
-            (s, f, a) for s in SHAPES for f in FORMATS for a in ("none", "silu_mul")):
+            (s, f, a) for s in SHAPES for f in FORMATS if not f.startswith("q8") for a in ("none", "silu_mul")):
         if fmt != "f16" and k % 8:
             continue
         out = ("f16", "f32")[i % 2]
@@ -124,7 +131,24 @@ def _cases() -> list[tuple]:
     return cases
 
 
-CASES = _cases()
+# The int8 LM head (act none, f32 out, no residual) at the models' shapes and odd ones, every M the
+# rules give gemv2 and the fallback past it; plus silu_mul, f16 out, norm, residual and addend on
+# odd shapes, so the q8 path is checked beyond what the head uses.
+Q8_CASES = [(m, n, k, fmt, "none", "f32", norm, False, False)
+            for (n, k) in ((49152, 576), (128256, 2048), (1000, 1008), (40, 64))
+            for m, fmt, norm in ((1, "q8", False), (2, "q8z", True), (4, "q8", True), (5, "q8z", False),
+                                 (8, "q8", False), (8, "q8z", True), (9, "q8z", False))
+            if n < 100000 or m in (1, 8)] + \
+    [(3, 100, 576, "q8z", "silu_mul", "f16", True, True, True), (7, 200, 1536, "q8", "none", "f16", False, True, True),
+     (1, 24, 48, "q8", "silu_mul", "f32", True, False, False), (3, 100, 40, "q8z", "none", "f16", True, True, False),
+     (2, 300, 576, "q8g64z", "none", "f32", True, False, True), (16, 200, 2048, "q8g64z", "silu_mul", "f16", False, True, False)]
+CASES = _cases() + Q8_CASES
+
+
+def kernel_wf(fmt: str) -> str:
+    """The symbol's weight format of a FORMATS entry: int4 with groups is q4g."""
+    wf, gs, _ = FORMATS[fmt]
+    return "q4g" if wf == "q4" and gs else wf
 
 
 def _gemv_variant_cases() -> list[tuple]:
@@ -132,9 +156,7 @@ def _gemv_variant_cases() -> list[tuple]:
     for ks, rg, u, b in GEMV_TILINGS:
         for fmt, act, out, m, mt in (("q4", "silu_mul", "f16", 3, 8), ("f16", "none", "f32", 1, 8),
                                      ("q4g128z", "none", "f16", 12, 16)):
-            wf, gs, _ = FORMATS[fmt]
-            kwf = "f16" if wf == "f16" else ("q4g" if gs else "q4")
-            v = rules_linear.Gemv(kwf, "silu" if act == "silu_mul" else "none", out, mt, ks, rg, u, b)
+            v = rules_linear.Gemv(kernel_wf(fmt), "silu" if act == "silu_mul" else "none", out, mt, ks, rg, u, b)
             cases.append((v, m, 200, 1536, fmt, act, out))
     return cases
 
@@ -143,9 +165,7 @@ def _gemm_variant_cases() -> list[tuple]:
     cases = []
     for bm, bn, wm, wn, st, b in GEMM_TILINGS:
         for fmt, act, out in (("q4", "silu_mul", "f16"), ("f16", "none", "f32"), ("q4g32", "none", "f16")):
-            wf, gs, _ = FORMATS[fmt]
-            kwf = "f16" if wf == "f16" else ("q4g" if gs else "q4")
-            v = rules_linear.Gemm(kwf, "silu" if act == "silu_mul" else "none", out, bm, bn, wm, wn, st, b)
+            v = rules_linear.Gemm(kernel_wf(fmt), "silu" if act == "silu_mul" else "none", out, bm, bn, wm, wn, st, b)
             if v.valid():
                 cases.append((v, 100, 300, 576, fmt, act, out))
     return cases
@@ -155,12 +175,11 @@ def _gemv2_variant_cases() -> list[tuple]:
     """Each tiling on three formats at M = 1..8 (rotating), K with a partial step, N with partial groups."""
     cases = []
     combos = (("q4", "silu_mul", "f16", 200, 1536), ("f16", "none", "f32", 200, 1000), ("q4g128z", "none", "f16", 200, 576),
-              ("q4z", "none", "f16", 72, 8192), ("q4g32", "silu_mul", "f32", 40, 576), ("f16", "silu_mul", "f16", 24, 40))
+              ("q4z", "none", "f16", 72, 8192), ("q4g32", "silu_mul", "f32", 40, 576), ("f16", "silu_mul", "f16", 24, 40),
+              ("q8z", "none", "f32", 200, 1008), ("q8", "silu_mul", "f16", 40, 592))   # int8: K tails of 48 and 16
     for i, (r, ks, wn, d, pf, nl, b) in enumerate(GEMV2_TILINGS):
         for j, (fmt, act, out, n, k) in enumerate(combos):
-            wf, gs, _ = FORMATS[fmt]
-            kwf = "f16" if wf == "f16" else ("q4g" if gs else "q4")
-            v = rules_linear.Gemv2(kwf, "silu" if act == "silu_mul" else "none", out, r, ks, wn, d, pf, nl, b)
+            v = rules_linear.Gemv2(kernel_wf(fmt), "silu" if act == "silu_mul" else "none", out, r, ks, wn, d, pf, nl, b)
             m = 1 + (i + 3 * j) % 8
             cases.append((v, m, n, k, fmt, act, out, nl == 1 or (i + j) % 2 == 0, (i + j) % 3 != 0,
                           (i + 2 * j) % 3 == 0))

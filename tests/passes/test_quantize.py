@@ -5,7 +5,8 @@ import pytest
 
 from grokc.artifacts import int4, int8
 from grokc.artifacts.errors import BuildOptionError
-from grokc.passes.quantize import QuantRecipe, dequantized_embedding, quantize_embedding, quantize_rtn
+from grokc.passes.quantize import QuantRecipe, Rounding, dequantized_embedding, quantize_embedding, quantize_rtn
+from grokc.passes.rounding import int8_rtn
 from grokc.compiler.ir import WeightFormat
 
 
@@ -65,12 +66,21 @@ def test_bad_group_size_is_refused():
 
 # -- the embedding table (--embeddings) ---------------------------------------------------------
 
-def int8_reference(w: np.ndarray) -> np.ndarray:
-    """Dequantized symmetric int8, one row at a time: scale = f16(absmax / 127), codes rint(w / scale)."""
+def int8_reference(w: np.ndarray, symmetric: bool = True) -> np.ndarray:
+    """Dequantized int8, one row at a time. Symmetric: scale = f16(absmax / 127), codes rint(w / scale).
+    Asymmetric: the row's range [min(w, 0), max(w, 0)] in 255 steps of f16(range / 255), zero-point
+    rint(-min / scale) in [0, 255], codes rint(w / scale) + zero in [0, 255]."""
     out = np.empty_like(w)
     for r in range(w.shape[0]):
-        s = np.float32(np.float16(np.abs(w[r]).astype(np.float64).max() / 127)) or np.float32(1)
-        out[r] = np.clip(np.rint(w[r].astype(np.float64) / s), -127, 127) * s
+        row = w[r].astype(np.float64)
+        if symmetric:
+            s = np.float32(np.float16(np.abs(row).max() / 127)) or np.float32(1)
+            out[r] = np.clip(np.rint(row / s), -127, 127) * s
+        else:
+            lo, hi = min(row.min(), 0.0), max(row.max(), 0.0)
+            s = np.float32(np.float16((hi - lo) / 255)) or np.float32(1)
+            z = np.clip(np.rint(-lo / s), 0, 255)
+            out[r] = (np.clip(np.rint(row / s) + z, 0, 255) - z) * s
     return out
 
 
@@ -174,3 +184,106 @@ def test_pass_quantizes_the_table_and_a_tied_head_keeps_its_own_weights(fmt, hea
         np.testing.assert_array_equal(q.params["output.weight"], table_f32.astype(np.float16))
     else:
         assert lm.inputs["qweight"] == "output.qweight" and "output.weight" not in q.params
+
+
+# -- the int8 LM head (--lm-head int8) ------------------------------------------------------------
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_int8_rtn_matches_reference_within_half_a_step(symmetric):
+    """int8_rtn per row against the loop reference above (same rounding, so equal to f32 precision:
+    1e-6 relative), and every weight within half a step of its code (the f16-rounded scale moves the
+    grid by at most 2**-11 of a step per code, hence the small slack)."""
+    w = table(shift=1.5)   # rows mostly positive: the zero-point moves, the range shrinks by about 0.6
+    w[2, :] = -np.abs(w[2, :])   # an all-negative row: zero-point 255
+    codes, scales, zeros = int8_rtn(w, symmetric)
+    assert codes.dtype == np.uint8 and codes.shape == w.shape and scales.shape == (40, 1)
+    assert (zeros is None) == symmetric
+    deq = int8.dequantize(codes, scales, zeros, 0)
+    np.testing.assert_allclose(deq, int8_reference(w, symmetric), rtol=1e-6, atol=1e-7)
+    assert np.all(deq[1] == 0)
+    step = scales.astype(np.float32)
+    assert np.all(np.abs(deq - w) <= step / 2 * (1 + 2 ** -9) + 1e-7)
+    if not symmetric:
+        z = zeros.astype(np.float32)
+        assert np.all(z == np.rint(z)) and z.min() >= 0 and z.max() <= 255 and z[2, 0] == 255
+        assert np.abs(deq - w).mean() < 0.8 * np.abs(int8_reference(w, True) - w).mean()   # the zero-point pays
+
+
+def _head_and_table(q):
+    from grokc.compiler.ir import OpKind
+
+    g = q.graphs["forward"]
+    return (next(n for n in g.nodes if n.outputs[0] in g.outputs),
+            next(n for n in g.nodes if n.op is OpKind.EMBEDDING))
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("embeddings", [WeightFormat.F16, WeightFormat.Q8, WeightFormat.Q4])
+def test_pass_int8_head_is_per_channel_rtn_of_the_tied_table_which_keeps_its_format(symmetric, embeddings):
+    from grokc.compiler.ir import verify
+    from grokc.passes import quantize
+
+    m = traced_tiny()   # tied: the head reads token_embd.weight
+    source = np.asarray(m.params["token_embd.weight"])
+    recipe = QuantRecipe("int4-rtn", WeightFormat.Q4, group_size=32, symmetric=symmetric, lm_head=WeightFormat.Q8,
+                         embeddings=embeddings)
+    q = quantize.run(m, recipe)
+    verify(q)
+    lm, emb = _head_and_table(q)
+    assert lm.attrs.weight_format is WeightFormat.Q8 and lm.attrs.group_size == 0 and q.meta["quant"]["lm_head"] == "q8"
+    assert lm.inputs["qweight"] == "output.q8weight" and lm.inputs["scales"] == "output.scales"
+    assert ("zeros" in lm.inputs) == (not symmetric) and "weight" not in lm.inputs
+    assert not any(r.startswith("residual") for r in lm.inputs)
+    codes = q.params["output.q8weight"]
+    assert codes.dtype == np.uint8 and codes.shape == source.shape and q.params["output.scales"].shape == (source.shape[0], 1)
+    deq = int8.dequantize(codes, q.params["output.scales"], q.params.get("output.zeros"), 0)
+    np.testing.assert_allclose(deq, int8_reference(source, symmetric), rtol=1e-6, atol=1e-7)
+    # the embedding table keeps its own format, under token_embd.*
+    assert emb.attrs.weight_format is embeddings
+    if embeddings is WeightFormat.F16:
+        assert emb.inputs["table"] == "token_embd.weight"
+        np.testing.assert_array_equal(q.params["token_embd.weight"], source.astype(np.float16))
+    else:
+        assert emb.inputs["table"].startswith("token_embd.") and "token_embd.weight" not in q.params
+
+
+def test_gptq_recipe_with_int8_head_runs_gptq_on_the_body_only():
+    """A calibrated recipe: every body linear is GPTQ-rounded with its statistics (so it differs from
+    round-to-nearest), the int8 head is round-to-nearest and needs no statistics of its own."""
+    from grokc.compiler import names
+    from grokc.compiler.ir import OpKind
+    from grokc.passes import quantize
+
+    m = traced_tiny()
+    rng = np.random.default_rng(0)
+    linears = [n for n in m.graphs["forward"].nodes if n.op is OpKind.LINEAR and n.outputs[0] not in m.graphs["forward"].outputs]
+    hessians = {}
+    for n in linears:
+        k = m.params[n.inputs["weight"]].shape[1]
+        x = rng.standard_normal((4 * k, k)).astype(np.float32) * np.linspace(0.2, 3, k, dtype=np.float32)
+        hessians[names.input_key(n.inputs["weight"])] = x.T @ x / len(x)
+    assert names.LM_HEAD not in hessians
+    recipe = QuantRecipe("int4", WeightFormat.Q4, symmetric=False, rounding=Rounding.GPTQ,
+                         lm_head=WeightFormat.Q8)
+    q = quantize.run(m, recipe, quantize.Calibration(hessians))
+    lm, _ = _head_and_table(q)
+    np.testing.assert_allclose(int8.dequantize(q.params["output.q8weight"], q.params["output.scales"],
+                                               q.params["output.zeros"], 0),
+                               int8_reference(np.asarray(m.params["token_embd.weight"]), False), rtol=1e-6, atol=1e-7)
+    for n in linears:
+        base = n.inputs["weight"].removesuffix(".weight")
+        w = np.asarray(m.params[n.inputs["weight"]])
+        got = int4.dequantize(q.params[f"{base}.qweight"], q.params[f"{base}.scales"], q.params[f"{base}.zeros"], 0)
+        want = quantize.dequantized_weight(w, recipe, hessians[names.input_key(n.inputs["weight"])])
+        np.testing.assert_array_equal(got, want)
+        assert not np.array_equal(got, quantize.dequantized_weight(w, recipe.uncalibrated()))
+
+
+def test_int8_head_options():
+    assert QuantRecipe("x", WeightFormat.Q4, lm_head=WeightFormat.Q8).to_json()["lm_head"] == "q8"
+    with pytest.raises(BuildOptionError, match="no int4 weights"):   # GPTQ is for int4 only
+        QuantRecipe("x", WeightFormat.F16, rounding=Rounding.GPTQ, lm_head=WeightFormat.Q8)
+    with pytest.raises(BuildOptionError, match="--fp16-residual"):
+        QuantRecipe("x", WeightFormat.F16, lm_head=WeightFormat.Q8, fp16_residual=0.005)
+    with pytest.raises(BuildOptionError, match="fp16, int8 or int4"):
+        QuantRecipe("x", WeightFormat.Q4, lm_head=WeightFormat.F32)

@@ -58,7 +58,13 @@ WEIGHTS = {  # id: (weight_format, group_size, K, zeros given)
     "q4-g32": ("q4", 32, 64, True),
     "q4-g32-K80": ("q4", 32, 80, True),   # last group has 16 columns
     "q4-g48-K80-sym": ("q4", 48, 80, False),
+    "q8-channel-sym": ("q8", 0, 64, False),
+    "q8-channel-zeros-K48": ("q8", 0, 48, True),
+    "q8-g32-K80": ("q8", 32, 80, True),   # groups: the ABI allows them (only the LM head is q8, per channel)
 }
+# q8: one code per byte, code 128 is zero unless zeros are given (artifacts/int8.py); numpy reads it here.
+_Q = {"q4": dict(symmetric=8.0, zeros=(5, 11), scales=(0.01, 0.05)),
+      "q8": dict(symmetric=128.0, zeros=(100, 156), scales=(0.0006, 0.003))}
 
 
 @pytest.mark.parametrize("residual,out_dtype", [("none", "f16"), ("none", "f32"), ("separate", "f16"),
@@ -78,16 +84,18 @@ def test_linear(weight, act, norm, residual, out_dtype):
         args["weight"] = (0.1 * gen.standard_normal((nw, k))).astype(F16)
         w_ref = t64(args["weight"])
     else:
+        q = _Q[fmt]
         groups = math.ceil(k / (gs or k))
-        args["weight"] = gen.integers(0, 256, (nw, k // 2), dtype=np.uint8)
-        args["scales"] = gen.uniform(0.01, 0.05, (nw, groups)).astype(F16)
-        zero = np.full((nw, groups), 8.0)
+        args["weight"] = gen.integers(0, 256, (nw, k // 2 if fmt == "q4" else k), dtype=np.uint8)
+        args["scales"] = gen.uniform(*q["scales"], (nw, groups)).astype(F16)
+        zero = np.full((nw, groups), q["symmetric"])
         if with_zeros:
-            args["zeros"] = gen.uniform(5, 11, (nw, groups)).astype(F16)
+            args["zeros"] = gen.uniform(*q["zeros"], (nw, groups)).astype(F16)
             zero = args["zeros"].astype(np.float64)
         col_group = np.arange(k) // (gs or k)
         scale = args["scales"].astype(np.float64)
-        w_ref = t64((ref_unpack(args["weight"]) - zero[:, col_group]) * scale[:, col_group])
+        codes = ref_unpack(args["weight"]) if fmt == "q4" else args["weight"].astype(np.float64)
+        w_ref = t64((codes - zero[:, col_group]) * scale[:, col_group])
     xr = t64(x)
     if norm:
         args["norm"] = (1 + 0.2 * gen.standard_normal(k)).astype(F16)

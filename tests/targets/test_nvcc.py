@@ -42,10 +42,14 @@ REPRESENTATIVE = [
     "linear_gemm_f16_none_f32_m64n64w2x2s3b0",
     "linear_ref_q4_silu_f16",
     "linear_ref_f16_none_f32",
+    "linear_gemv2_q8_none_f32_r2k1w8d3p2n1b0",   # the int8 LM head at M > 4
+    "linear_gemv2_q8_silu_f16_r2k4w1d2p1n0b0",
+    "linear_ref_q8_silu_f16",
 ]
 # A smaller set for the other archs: one kernel of each family.
 PER_ARCH = ["linear_gemv2_q4_silu_f16_r2k4w1d2p1n1b0", "linear_gemv_q4_silu_f16_m8k8r1u2b0",
-            "linear_gemm_q4_none_f16_m64n64w2x2s3b0", "linear_ref_q4_none_f16"]
+            "linear_gemm_q4_none_f16_m64n64w2x2s3b0", "linear_ref_q4_none_f16",
+            "linear_gemv2_q8_none_f32_r2k1w4d3p2n0b0", "linear_ref_q8_none_f32"]   # the int8 LM head
 
 
 def elf_arch(cubin: bytes) -> tuple[int, int]:

@@ -141,6 +141,38 @@ def test_gemv2_smem_and_tiling():
         assert c.grid[0] * c.block[0] // 32 >= t.num_sms, c
 
 
+# The int8 LM heads (--lm-head int8) of the two models: N = vocab, K = hidden, f32 logits.
+Q8_HEADS = [(2048, 128256, "none", "q8", "f32"), (576, 49152, "none", "q8", "f32")]
+
+
+@pytest.mark.parametrize("arch", list(TARGETS))
+def test_q8_takes_gemv2_up_to_m8_and_the_fallback_past_it(arch: str):
+    """Only gemv2 and ref read int8: a q8 call never lands on the gemv or gemm family."""
+    t = get_target(arch)
+    for (k, n, act, wf, out), m in itertools.product(Q8_HEADS, (1, 2, 4, 5, 8, 9, 16, 512)):
+        c = select(call(m, n, k, act, wf, out), t)
+        want = "linear.gemv2" if m <= 8 and (m + 1) * k * 2 <= t.smem_per_block else "linear.ref"
+        assert c.rule == want and c.kernel.startswith(f"linear_{want.split('.')[1]}_q8_none_f32"), (m, c)
+        check_launch(c, m, n, k, act, t)
+    assert select(call(1, 64, 64, wf="q8", gs=32), t).rule == "linear.ref"      # groups: the fallback
+    assert select(call(1, 64, 64, wf="q8", gs=64), t).rule == "linear.gemv2"    # one group is per channel
+    assert select(call(1, 64, 40, wf="q8"), t).rule == "linear.ref"             # K % 16: whole 16-byte chunks
+    assert select(call(1, 64, 48, wf="q8", act="silu_mul"), t).kernel.startswith("linear_gemv2_q8_silu_")
+
+
+def test_q8_gemv2_tiling_steps_64_k():
+    v = rules_linear.parse("linear_gemv2_q8_none_f32_r2k1w4d3p2n0b0")
+    assert v.step_k == 64 and v.smem(1, 2048) == 2 * 2048 * 2 + 4 * 8 * 4
+    t = get_target("sm90")
+    # whole rows like the f16 head (the K split stops at 16 resident warps per SM)
+    assert select(call(1, 128256, 2048, wf="q8", out="f32"), t).kernel == "linear_gemv2_q8_none_f32_r2k1w4d3p2n0b0"
+    # a short matrix splits K over 64-k steps: 2048 / 64 = 32 steps, at most 2 per warp -> KS = 16
+    assert rules_linear.parse(select(call(1, 64, 2048, wf="q8"), t).kernel).ks == 16
+    for bad in ["linear_gemv_q8_none_f16_m8k8r1u2b0", "linear_gemm_q8_none_f16_m64n64w2x2s3b0",
+                "linear_gemv2_q8g_none_f16_r1k1w4d1p2n0b0", "linear_ref_q8g_none_f16"]:
+        assert rules_linear.parse(bad) is None and rules_linear.kernel_source(bad) is None, bad
+
+
 def test_gemv_smem_slabs_stay_in_budget():
     # M = 16 with K = 8192 does not fit one slab: x is staged in slabs of whole rounds
     v = rules_linear.Gemv("q4", "none", "f16", 16, 8, 1, 4, 0)
@@ -164,7 +196,7 @@ def test_every_choice_compiles():
     """Every symbol the rules pick for the two models' shapes (decode and prefill) compiles for sm90."""
     t = get_target("sm90")
     symbols = set()
-    for (k, n, act, wf, out), m in itertools.product(LLAMA_1B + SMOLLM2, (1, 4, 16, 128, 512)):
+    for (k, n, act, wf, out), m in itertools.product(LLAMA_1B + SMOLLM2 + Q8_HEADS, (1, 4, 8, 16, 128, 512)):
         symbols.add(select(call(m, n, k, act, wf, out), t).kernel)
     cubin = build_cubin(sorted(symbols), t)
     for sym in symbols:
