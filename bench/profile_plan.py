@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import time
 from collections import defaultdict
 
 from grokc.runner import Runner, SamplingParams

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from grokc.artifacts.plan import IO, Plan
+from grokc.artifacts.plan import Plan
 from grokc.runner import Runner, SamplingParams
 
 from .config import ModelConfig

@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 from grokc.artifacts.errors import ArtifactError
-from grokc.artifacts.store import open_artifact
 
 from grokc.artifacts import int4, int8
 from grokc.passes import sparse_residual

@@ -20,7 +20,7 @@ from dataclasses import replace
 import numpy as np
 
 from grokc.artifacts.errors import UnsupportedModel
-from grokc.compiler.ir import AttentionAttrs, DType, Graph, LinearAttrs, Module, Node, OpKind, TensorType, frozen_array
+from grokc.compiler.ir import DType, Graph, LinearAttrs, Module, Node, OpKind, TensorType, frozen_array
 from grokc.compiler.names import layer
 
 from ._graph import rebuild_graph, rewrite_graphs, single_use

@@ -7,7 +7,6 @@ must agree to 2e-2 of their RMS at every position.
 
 import numpy as np
 import pytest
-import torch
 
 from grokc.artifacts import int4
 from grokc.compiler.names import from_hf
