@@ -107,16 +107,3 @@ def test_synthetic_build_with_int8_head_runs(tmp_path):
     assert tensors["output.zeros"] == {**tensors["output.zeros"], "fill": "constant", "scale": 128.0}
     logits = Runner(tmp_path / "art", device="cpu").engine.score([list(range(5, 17))])[0]
     assert np.all(np.isfinite(logits)) and 0.2 < logits.std() < 5   # weights ~ 1/sqrt(K): logits of unit scale
-
-
-def test_cli_help_and_unknown_head_format(tmp_path):
-    from typer.testing import CliRunner
-
-    from grokc.compiler.cli import app
-
-    (tmp_path / "config.json").write_text("{}")
-    r = CliRunner().invoke(app, ["build", str(tmp_path / "config.json"), "--synthetic-weights", "--lm-head", "int2",
-                                 "-o", str(tmp_path / "o")])
-    assert r.exit_code == 1 and "Traceback" not in r.output
-    lines = [line for line in r.stderr.strip().splitlines() if not line.startswith("[grokc] ")]
-    assert lines == ["grokc: error: unknown --lm-head 'int2'; choose one of: fp16, int8, int4"], r.stderr

@@ -136,6 +136,14 @@ def test_unknown_arch(tmp_path, smollm2_gguf):
     assert_one_line_error(grokc("build", smollm2_gguf, "--arch", "sm42", "-o", tmp_path / "o"), "sm42", "--arch")
 
 
+@pytest.mark.parametrize("option", ["--lm-head", "--embeddings"])
+def test_unknown_weight_format(tmp_path, option):
+    (tmp_path / "config.json").write_text("{}")
+    result = grokc("build", tmp_path / "config.json", "--synthetic-weights", option, "int2", "-o", tmp_path / "o")
+    assert_one_line_error(result, f"unknown {option} 'int2'; choose one of: fp16, int8, int4")
+    assert not (tmp_path / "o").exists()
+
+
 def test_bucket_larger_than_max_seq(tmp_path, smollm2_gguf):
     assert_one_line_error(grokc("build", smollm2_gguf, "--buckets", "128,4096", "--max-seq", "2048", "-o", tmp_path / "o"),
                           "4096", "--max-seq")
