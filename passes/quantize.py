@@ -20,9 +20,10 @@ differently: an int4 head becomes ``output.qweight``/``.scales``/``.zeros`` (int
 and the same), and an f16 head of a
 quantized table becomes ``output.weight`` (the f16 table, under the head's name), so
 ``token_embd.*`` always names what the ``embedding`` op reads. Sharing one quantized table between
-the two is not done: a symmetric int8 head of an int8 table holds the same codes and scales as the
-table (both ``int8_rtn`` per row), so such an artifact stores them twice; int4 would need the same
-group layout for both, and a GPTQ head's codes would become round-to-nearest on the embedding's grid.
+the two happens in one case: a symmetric int8 head of an int8 table holds exactly the table's codes
+and scales (both ``int8_rtn`` per row, zero 128), so it reads ``token_embd.q8weight``/``.scales``
+and the artifact stores them once. int4 would need the same group layout for both, and a GPTQ
+head's codes would become round-to-nearest on the embedding's grid.
 
 Requires: unquantized (f32) parameters; run after the fusion passes that concatenate weights
 (quantization is row by row, so concatenating rows and quantizing commute; the fused q/k/v and
@@ -31,7 +32,7 @@ Guarantees: LINEAR and EMBEDDING attrs carry ``weight_format`` and ``group_size`
 EMBEDDING's inputs are ``table`` (``token_embd.q8weight`` or ``.qweight``), ``scales`` and, when
 asymmetric int4, ``zeros``; a q4 or q8 LINEAR's inputs are
 ``qweight``, ``scales`` and optionally ``zeros`` instead of ``weight`` (the LM head's are named
-``output.*``; only the LM head is q8, with ``group_size`` 0), plus ``residual_rowptr``, ``residual_cols`` and ``residual_vals`` (weights
+``output.*``, or ``token_embd.*`` when shared as above; only the LM head is q8, with ``group_size`` 0), plus ``residual_rowptr``, ``residual_cols`` and ``residual_vals`` (weights
 ``<base>.residual_*``) when the recipe keeps a residual; ``meta["quant"]`` records the recipe
 and how it was calibrated. Deterministic: the
 same weights and statistics give the same bytes.
@@ -256,9 +257,8 @@ def run(module: Module, recipe: QuantRecipe, calibration: Calibration | None = N
         for n in g.nodes:
             if n.op is OpKind.LINEAR and n.attrs.weight_format is WeightFormat.F32:
                 is_head = n.outputs[0] in g.outputs
-                # a tied f16 head of a quantized table keeps the f16 table as a weight of its own
-                untie = is_head and n.inputs["weight"] in tables and recipe.embeddings is not WeightFormat.F16
-                n = _quantize_linear(n, module, is_head, recipe, calibration, new_params, untie)
+                tied = is_head and n.inputs["weight"] in tables
+                n = _quantize_linear(n, module, is_head, recipe, calibration, new_params, tied)
             elif n.op is OpKind.EMBEDDING and n.attrs.weight_format is WeightFormat.F32:
                 n = _quantize_embedding(n, module, recipe, new_params)
             nodes.append(n)
@@ -290,12 +290,13 @@ def _quantize_embedding(n: Node, module: Module, recipe: QuantRecipe, out: dict)
 
 
 def _quantize_linear(n: Node, module: Module, is_head: bool, recipe: QuantRecipe, calibration: Calibration | None,
-                     out: dict, untie: bool = False) -> Node:
+                     out: dict, tied: bool = False) -> Node:
+    """``tied``: the node is the LM head and reads the embedding table's weight."""
     wname = n.inputs["weight"]
     w = module.params[wname]
     fmt = recipe.lm_head if is_head else recipe.weight_format
     if fmt is WeightFormat.F16:
-        if untie:
+        if tied and recipe.embeddings is not WeightFormat.F16:   # the f16 head keeps the f16 table as its own weight
             out[names.LM_HEAD] = frozen_array(w.astype(np.float16))
             return replace(n, inputs={**n.inputs, "weight": names.LM_HEAD}, attrs=replace(n.attrs, weight_format=fmt))
         out[wname] = frozen_array(w.astype(np.float16))
@@ -303,6 +304,8 @@ def _quantize_linear(n: Node, module: Module, is_head: bool, recipe: QuantRecipe
     base = names.LM_HEAD.removesuffix(".weight") if is_head else wname.removesuffix(".weight")
     if fmt is WeightFormat.Q8:
         codes, scales, zeros = int8_rtn(w, recipe.symmetric)
+        if tied and recipe.embeddings is WeightFormat.Q8 and zeros is None:   # the table's own codes: one copy
+            base = wname.removesuffix(".weight")
         return _with_codes(n, out, base, fmt, 0, {"q8weight": codes, "scales": scales, "zeros": zeros})
     h = calibration.hessian(names.LM_HEAD if is_head else names.input_key(wname), w.shape[1]) if recipe.calibrated else None
     codes, scales, zeros, residual = quantize_weight(w, recipe, h)

@@ -32,7 +32,10 @@ BUILDS = {  # name: (BuildOptions fields, the build with the same body and an f1
     "fp16-head8": (dict(quant="fp16", lm_head="int8"), "fp16"),
     "int4a": (dict(quant="int4-rtn", symmetric=False), None),
     "int4a-head8": (dict(quant="int4-rtn", symmetric=False, lm_head="int8"), "int4a"),   # zero-points
+    "fp16-e8": (dict(quant="fp16", embeddings="int8"), None),
+    "fp16-e8-head8": (dict(quant="fp16", embeddings="int8", lm_head="int8"), "fp16-e8"),  # shares the table's codes
 }
+SHARED = {"fp16-e8-head8"}
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +74,7 @@ def test_int8_head_logits_differ_from_the_f16_heads_by_the_int8_step(head8_artif
     assert (got.argmax(-1) == f16.argmax(-1)).mean() > 0.95
 
 
-@pytest.mark.parametrize("name", [n for n, (_, base) in BUILDS.items() if base])
+@pytest.mark.parametrize("name", [n for n, (_, base) in BUILDS.items() if base and n not in SHARED])
 def test_int8_head_plan_matches_torch_on_the_stored_codes(head8_artifacts, tiny_model, name):
     runner = Runner(head8_artifacts / name, device="cpu")
     art = runner.artifact.weights()
@@ -88,6 +91,16 @@ def test_int8_head_plan_matches_torch_on_the_stored_codes(head8_artifacts, tiny_
         want = reference_logits(model, seq)
         err = np.abs(g - want).max() / np.sqrt((want ** 2).mean())
         assert err < TOL, f"{name}: max error {err:.3g} of the logits' RMS"
+
+
+@pytest.mark.parametrize("name", sorted(SHARED))
+def test_a_symmetric_int8_head_of_an_int8_table_reads_the_tables_codes(head8_artifacts, name):
+    runner = Runner(head8_artifacts / name, device="cpu")
+    assert not any(w.startswith("output.") for w in runner.artifact.weights())
+    heads = [l for l in runner.plan.graphs[f"decode_{TINY_OPTS['batch']}"].launches
+             if l.op == "linear" and l.attrs["weight_format"] == "q8"]
+    assert len(heads) == 1
+    assert (heads[0].arg("weight").weight, heads[0].arg("scales").weight) == ("token_embd.q8weight", "token_embd.scales")
 
 
 def test_inspect_names_the_int8_head(head8_artifacts):

@@ -231,12 +231,15 @@ def test_pass_int8_head_is_per_channel_rtn_of_the_tied_table_which_keeps_its_for
     verify(q)
     lm, emb = _head_and_table(q)
     assert lm.attrs.weight_format is WeightFormat.Q8 and lm.attrs.group_size == 0 and q.meta["quant"]["lm_head"] == "q8"
-    assert lm.inputs["qweight"] == "output.q8weight" and lm.inputs["scales"] == "output.scales"
+    # a symmetric int8 head of an int8 table reads the table's own codes and scales: stored once
+    base = "token_embd" if symmetric and embeddings is WeightFormat.Q8 else "output"
+    assert lm.inputs["qweight"] == f"{base}.q8weight" and lm.inputs["scales"] == f"{base}.scales"
+    assert ("output.q8weight" in q.params) == (base == "output")
     assert ("zeros" in lm.inputs) == (not symmetric) and "weight" not in lm.inputs
     assert not any(r.startswith("residual") for r in lm.inputs)
-    codes = q.params["output.q8weight"]
-    assert codes.dtype == np.uint8 and codes.shape == source.shape and q.params["output.scales"].shape == (source.shape[0], 1)
-    deq = int8.dequantize(codes, q.params["output.scales"], q.params.get("output.zeros"), 0)
+    codes = q.params[f"{base}.q8weight"]
+    assert codes.dtype == np.uint8 and codes.shape == source.shape and q.params[f"{base}.scales"].shape == (source.shape[0], 1)
+    deq = int8.dequantize(codes, q.params[f"{base}.scales"], q.params.get(f"{base}.zeros"), 0)
     np.testing.assert_allclose(deq, int8_reference(source, symmetric), rtol=1e-6, atol=1e-7)
     # the embedding table keeps its own format, under token_embd.*
     assert emb.attrs.weight_format is embeddings
