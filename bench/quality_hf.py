@@ -110,9 +110,11 @@ def artifact_state(path: Path, cfg) -> dict[str, torch.Tensor]:
         return dequantize_q8(np.asarray(w[codes]), scales, zeros)
 
     q, kv, ff = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
-    out = {"model.embed_tokens.weight": embedding(), "model.norm.weight": take("output_norm.weight"),
+    table = embedding()
+    out = {"model.embed_tokens.weight": table, "model.norm.weight": take("output_norm.weight"),
+           # no output.*: the head reads the table as stored (f16, or the int8 codes it shares)
            "lm_head.weight": dense("output") if any(f"output.{s}" in w for s in ("qweight", "q8weight", "weight"))
-           else take("token_embd.weight")}
+           else table}
     for i in range(cfg.num_hidden_layers):
         pre = f"model.layers.{i}."
         qkv, gu = dense(f"blk.{i}.attn_qkv"), dense(f"blk.{i}.ffn_gate_up")
