@@ -10,7 +10,7 @@ diagonal), the upper Cholesky factor ``U`` of its inverse, per-column updates in
 ``block`` columns and one matrix product per block for the rest ("lazy batch updates").
 
 The result has exactly the form of ``rounding.quantize_rtn``'s ``(codes, scales, zeros)``: the
-same grid (``rounding.int4_grid``), the same code rule (``rounding.int4_codes``), f16 scales,
+same grid (``rounding.rtn_grid``), the same code rule (``rounding.rtn_codes``), f16 scales,
 so the kernels read it unchanged (``artifacts/int4.py``).
 
 Grid choices:
@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .rounding import int4_codes, int4_grid, int4_nearest
+from .rounding import rtn_codes, rtn_grid, int4_nearest
 
 CLIP_GRID = tuple(1.0 - 0.025 * i for i in range(21))  # 1.0 .. 0.5: scale shrink ratios tried by clip_search
 
@@ -145,7 +145,7 @@ def _loop(wt: np.ndarray, st: np.ndarray, zt: np.ndarray | None, u: np.ndarray, 
                 st[g] = s[:, 0]
                 if zt is not None:
                     zt[g] = z[:, 0]
-            c = int4_codes(cols[i], st[g], None if zt is None else zt[g])    # [N]
+            c = rtn_codes(cols[i], st[g], None if zt is None else zt[g])    # [N]
             codes[j] = c
             q = (c - (np.float32(8) if zt is None else zt[g])) * st[g]      # what the kernel will see
             if quota[j]:                                        # the worst-served entries: kept in f16
@@ -162,8 +162,8 @@ def _loop(wt: np.ndarray, st: np.ndarray, zt: np.ndarray | None, u: np.ndarray, 
 
 
 def _grid(w: np.ndarray, group_size: int, symmetric: bool, clip) -> tuple[np.ndarray, np.ndarray | None]:
-    """f32 scales (and zeros) ``[N, G]`` of ``w [N, K]`` by ``rounding.int4_grid``."""
-    return int4_grid(w.astype(np.float32), group_size, symmetric, clip)
+    """f32 scales (and zeros) ``[N, G]`` of ``w [N, K]`` by ``rounding.rtn_grid``."""
+    return rtn_grid(w.astype(np.float32), group_size, symmetric, clip)
 
 
 def _clip_ratios(w: np.ndarray, importance: np.ndarray, group_size: int, symmetric: bool) -> np.ndarray:
@@ -179,7 +179,7 @@ def _clip_ratios(w: np.ndarray, importance: np.ndarray, group_size: int, symmetr
     ratio = np.ones((n, g), np.float32)
     diff = np.empty_like(blocks)
     for r in CLIP_GRID:
-        s, z = int4_grid(w32, group_size, symmetric, np.float32(r))       # [N, G]
+        s, z = rtn_grid(w32, group_size, symmetric, np.float32(r))       # [N, G]
         q = int4_nearest(blocks, s[..., None], None if z is None else z[..., None], out=diff)
         np.subtract(blocks, q, out=diff)
         err = np.einsum("ngk,gk->ng", np.square(diff, out=diff), weight)   # [N, G]

@@ -17,20 +17,20 @@ def quantize_rtn(w: np.ndarray, group_size: int, symmetric: bool,
     """Round-to-nearest ``bits``-bit (4 or 8) codes of ``w`` f32 ``[N, K]``: ``(codes u8 [N, K],
     scales f16 [N, G], zeros f16 [N, G] | None)``.
 
-    The grid is ``int4_grid``'s, the codes ``int4_codes``' (on ``bits`` bits). A last group shorter
+    The grid is ``rtn_grid``'s, the codes ``rtn_codes``' (on ``bits`` bits). A last group shorter
     than ``group_size`` is allowed.
     """
     n, k = w.shape
     gs = group_size or k
-    scales, zeros = int4_grid(w, group_size, symmetric, bits=bits)
+    scales, zeros = rtn_grid(w, group_size, symmetric, bits=bits)
     expand = np.arange(k) // gs                             # [K] group of each column
-    codes = int4_codes(w.astype(np.float32), scales[:, expand], None if zeros is None else zeros[:, expand], bits)
+    codes = rtn_codes(w.astype(np.float32), scales[:, expand], None if zeros is None else zeros[:, expand], bits)
     return codes, scales.astype(np.float16), None if zeros is None else zeros.astype(np.float16)
 
 
-def int4_grid(w: np.ndarray, group_size: int, symmetric: bool,
-              clip: float | np.ndarray = 1.0, bits: int = 4) -> tuple[np.ndarray, np.ndarray | None]:
-    """The int4 grid of ``w`` f32 ``[N, K]``: ``(scales [N, G], zeros [N, G] | None)``, f32 holding f16 values.
+def rtn_grid(w: np.ndarray, group_size: int, symmetric: bool,
+             clip: float | np.ndarray = 1.0, bits: int = 4) -> tuple[np.ndarray, np.ndarray | None]:
+    """The ``bits``-bit grid (int4 unless told) of ``w`` f32 ``[N, K]``: ``(scales [N, G], zeros [N, G] | None)``, f32 holding f16 values.
 
     Symmetric: ``scale = clip * absmax / 7`` (code 8 is zero). Asymmetric: the range
     ``[clip * min(w, 0), clip * max(w, 0)]`` in 15 steps, ``zero = round(-min / scale)``. Scales are
@@ -57,7 +57,7 @@ def int4_grid(w: np.ndarray, group_size: int, symmetric: bool,
     return scales, np.clip(np.rint(-lo / scales), 0, steps).astype(np.float32)
 
 
-def int4_codes(w: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None, bits: int = 4) -> np.ndarray:
+def rtn_codes(w: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None, bits: int = 4) -> np.ndarray:
     """u8 codes of ``w`` on a grid (``scales``/``zeros`` broadcast against ``w``): the nearest of
     ``(code - zero) * scale``, with ``zero = 8`` (128 for ``bits = 8``) when ``zeros`` is None (symmetric)."""
     half, steps = _levels(bits)
@@ -88,7 +88,7 @@ def _f16_scale(s: np.ndarray) -> np.ndarray:
 
 
 def int4_nearest(w: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None, out: np.ndarray) -> np.ndarray:
-    """The grid value ``(code - zero) * scale`` nearest each ``w`` (``int4_codes``' rule), f32, written
+    """The grid value ``(code - zero) * scale`` nearest each ``w`` (``rtn_codes``' rule), f32, written
     into ``out`` (same shape as ``w``) without temporaries: the inner loop of a scale search."""
     np.divide(w, scales, out=out)
     np.rint(out, out=out)
