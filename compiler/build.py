@@ -17,10 +17,10 @@ from typing import Callable
 from grokc.artifacts import store
 from grokc.artifacts.errors import BuildOptionError, QualityError
 from grokc.artifacts.manifest import Manifest
+from grokc.artifacts.plan import Plan
 from grokc.compiler.ir import WeightFormat
 from grokc.passes.quantize import QUANT
 from grokc.passes.static_shapes import StaticShapes
-from grokc.artifacts.plan import Plan
 from grokc.targets import Target, build_cubin, get_target
 
 from . import __version__, names, quality, synthetic_weights
@@ -70,20 +70,18 @@ class BuildOptions:
     def compile_options(self) -> CompileOptions:
         if self.quant not in QUANT:
             raise BuildOptionError(f"unknown --quant '{self.quant}'; choose one of: {', '.join(QUANT)}")
-        if self.lm_head not in (None, *_HEAD_FORMATS):
-            raise BuildOptionError(f"unknown --lm-head '{self.lm_head}'; choose one of: {', '.join(_HEAD_FORMATS)}")
-        if self.embeddings not in (None, *_EMBEDDING_FORMATS):
-            raise BuildOptionError(f"unknown --embeddings '{self.embeddings}'; choose one of: "
-                                   f"{', '.join(_EMBEDDING_FORMATS)}")
+        for option, value in (("--lm-head", self.lm_head), ("--embeddings", self.embeddings)):
+            if value not in (None, *_WEIGHT_FORMATS):
+                raise BuildOptionError(f"unknown {option} '{value}'; choose one of: {', '.join(_WEIGHT_FORMATS)}")
         overrides = {"group_size": self.group_size, "symmetric": self.symmetric,
-                     "lm_head": _HEAD_FORMATS.get(self.lm_head), "fp16_residual": self.fp16_residual,
-                     "embeddings": _EMBEDDING_FORMATS.get(self.embeddings)}
+                     "lm_head": _WEIGHT_FORMATS.get(self.lm_head), "fp16_residual": self.fp16_residual,
+                     "embeddings": _WEIGHT_FORMATS.get(self.embeddings)}
         recipe = replace(QUANT[self.quant], **{k: v for k, v in overrides.items() if v is not None})
         return CompileOptions(StaticShapes(self.batch, tuple(self.buckets), self.max_seq, self.kv_blocks), recipe)
 
 
-_HEAD_FORMATS = {"fp16": WeightFormat.F16, "int8": WeightFormat.Q8, "int4": WeightFormat.Q4}
-_EMBEDDING_FORMATS = {"fp16": WeightFormat.F16, "int8": WeightFormat.Q8, "int4": WeightFormat.Q4}
+# --lm-head and --embeddings: the formats either may take
+_WEIGHT_FORMATS = {"fp16": WeightFormat.F16, "int8": WeightFormat.Q8, "int4": WeightFormat.Q4}
 
 
 def build(model_path: str | Path, out: str | Path, opts: BuildOptions, progress: Progress = lambda s: None) -> Manifest:
