@@ -20,22 +20,33 @@ from grokc.runner import Runner, SamplingParams
 from grokc.runner import cuda_driver as cd
 
 
-def main() -> None:
+def busy_runner(argv: list[str] | None = None, **extra: tuple[type, object]) -> tuple[argparse.Namespace, Runner, int]:
+    """Parse the common options, load the artifact on the GPU, fill the slots, replay the graph once.
+
+    ``extra``: more ``--name`` options as (type, default); a list default makes a repeatable option.
+    Returns (args, runner, busy slots).
+    """
     ap = argparse.ArgumentParser()
     ap.add_argument("artifact")
     ap.add_argument("--graph", default="", help="default: the decode graph of the batch")
-    ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--batch", type=int, default=0, help="busy slots (default: the build's batch)")
-    a = ap.parse_args()
+    for name, (kind, default) in extra.items():
+        ap.add_argument(f"--{name}", type=kind, default=default, action="append" if isinstance(default, list) else None)
+    a = ap.parse_args(argv)
     r = Runner(a.artifact, device="cuda")
-    ex, plan = r.executor, r.plan
     budget = r.engine.shapes.max_seq - a.context - 1
     slots = [r.engine.add(list(range(100, 100 + a.context)), SamplingParams(max_new_tokens=budget))
              for _ in range(a.batch or r.engine.shapes.batch)]
     a.graph = a.graph or r.engine.decode_graph()
-    ex.replay(a.graph)
-    ex.synchronize()
+    r.executor.replay(a.graph)
+    r.executor.synchronize()
+    return a, r, len(slots)
+
+
+def main() -> None:
+    a, r, busy = busy_runner(reps=(int, 50))
+    ex, plan = r.executor, r.plan
     g = plan.graphs[a.graph]
     start, end = cd.Event(), cd.Event()
 
@@ -71,7 +82,7 @@ def main() -> None:
         per_kernel[f"{launch.kernel} ({launch.node.split('.')[-1]})"] += us
         rows.append((launch.node, launch.kernel, round(us, 2)))
     print(json.dumps({
-        "artifact": a.artifact, "graph": a.graph, "launches": len(g.launches), "batch_active": len(slots),
+        "artifact": a.artifact, "graph": a.graph, "launches": len(g.launches), "batch_active": busy,
         "graph_replay_us": round(whole_us, 1), "graph_variants_us": variant_us,
         "sum_of_launches_us": round(sum(per_op.values()), 1),
         "by_op_us": {k: round(v, 1) for k, v in sorted(per_op.items(), key=lambda x: -x[1])},

@@ -333,6 +333,11 @@ class Module:
             self._functions[name] = Function(handle, name)
         return self._functions[name]
 
+    def global_address(self, name: str) -> tuple[int, int]:
+        """Device address and size of the ``__device__`` variable ``name`` (its mangled symbol)."""
+        ptr, size = check(driver().cuModuleGetGlobal(self.handle, name.encode()), f"cuModuleGetGlobal({name!r})")
+        return int(ptr), int(size)
+
     def close(self) -> None:
         if self.handle is not None:
             check(driver().cuModuleUnload(self.handle), "cuModuleUnload")

@@ -4,6 +4,10 @@
 // built with this entry (KernelChoice.pdl); before sm_90 both instructions compile to nothing.
 #pragma once
 
+#ifdef GROKC_TRACE
+#include "trace.cuh"
+#endif
+
 __device__ __forceinline__ void grokc_pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -13,6 +17,9 @@ __device__ __forceinline__ void grokc_pdl_launch_dependents() {
 __device__ __forceinline__ void grokc_pdl_wait() {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#ifdef GROKC_TRACE
+  grokc_trace::mark_wait();
 #endif
 }
 

@@ -143,3 +143,28 @@ def test_sparse_residual_kernels_compile(arch: str):
     assert elf_arch(cubin) == (EM_CUDA, target.sm)
     for sym in symbols:
         assert sym.encode() + b"\0" in cubin
+
+
+TRACED = ["linear_ref_q4_none_f16", "attn_decode_ref", "sample_rows_t1024"]
+
+
+def test_traced_translation_unit_opens_a_scope_per_entry_point():
+    """trace=True numbers every entry point by its place in the sorted symbols (bench/trace_plan.py
+    maps the records back by that number); the plain unit has no trace code at all."""
+    src = nvcc.translation_unit(TRACED, trace=True)
+    assert src.count("grokc_trace::Scope") == len(TRACED) and "#define GROKC_TRACE" in src
+    for i, sym in enumerate(sorted(TRACED)):
+        entry = src.index(f" {sym}(")
+        assert src.index(f"grokc_trace::Scope grokc_trace_scope({i});", entry) < src.index("}", entry)
+    plain = nvcc.translation_unit(TRACED)
+    assert "grokc_trace" not in plain and "GROKC_TRACE" not in plain
+
+
+@needs_nvcc
+def test_traced_cubin_holds_the_records_and_the_plain_one_does_not():
+    target = get_target("sm90")
+    traced, plain = build_cubin(TRACED, target, trace=True), build_cubin(TRACED, target)
+    assert b"_ZN11grokc_trace7recordsE" in traced and b"_ZN11grokc_trace5countE" in traced
+    assert b"grokc_trace" not in plain
+    for sym in TRACED:
+        assert sym.encode() + b"\0" in traced

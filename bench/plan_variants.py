@@ -1,0 +1,103 @@
+"""Time one graph of an artifact with some of its kernels swapped for variants, all in one run.
+
+    python3 bench/plan_variants.py ARTIFACT --variant 'l2=(linear_gemv2_q4_\\w+)=>\\1l1' [--variant ...]
+        [--graph decode_1] [--reps 100] [--rounds 5]
+
+A variant is ``name=REGEX=>REPLACEMENT[;REGEX=>REPLACEMENT...]``, applied (``re.sub``) to every
+kernel symbol of the graph; each variant's kernels are compiled into a cubin of their own (on this
+machine, with the artifact's arch) and the graph rebuilt from it. ``base`` (the artifact's own
+kernels, recompiled the same way) is always timed. Rounds interleave the variants in a new order each round; before each
+timing the graph's per-step inputs (the plan's io buffers: positions, tokens, ..) are restored, so
+every variant decodes the same steps at the same context. Prints JSON: µs per replay, median and
+minimum over the rounds, and each variant's ratio to ``base``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import re
+import statistics
+from concurrent.futures import ThreadPoolExecutor
+
+from grokc.artifacts.plan import BufferKind, Launch
+from grokc.runner import cuda_driver as cd
+from grokc.targets import rules_linear
+from grokc.targets.archs import get_target
+from grokc.targets.nvcc import build_cubin
+from profile_plan import busy_runner
+
+
+def parse_variant(text: str) -> tuple[str, list[tuple[str, str]]]:
+    name, _, rules = text.partition("=")
+    subs = [tuple(rule.split("=>", 1)) for rule in rules.split(";") if rule]
+    if not name or any(len(s) != 2 for s in subs):
+        raise SystemExit(f"--variant {text!r}: expected name=REGEX=>REPLACEMENT[;REGEX=>REPLACEMENT...]")
+    return name, subs
+
+
+def swapped(launch: Launch, symbol: str) -> Launch:
+    """``launch`` running ``symbol`` instead; a gemv2 variant gets the shared memory it lays out."""
+    if symbol == launch.kernel:
+        return launch
+    smem = launch.smem
+    if isinstance(v := rules_linear.parse(symbol), rules_linear.Gemv2):
+        dims = {a.param: a.value for a in launch.args}
+        smem = v.smem(int(dims["M"]), int(dims["K"]))
+    return dataclasses.replace(launch, kernel=symbol, smem=smem)
+
+
+def main() -> None:
+    a, r, busy = busy_runner(reps=(int, 100), rounds=(int, 5), variant=(str, []))
+    ex, plan = r.executor, r.plan
+    g = plan.graphs[a.graph]
+    variants = {"base": []} | dict(parse_variant(v) for v in a.variant)
+    kernels = {}
+    for name, subs in variants.items():
+        syms = []
+        for launch in g.launches:
+            sym = launch.kernel
+            for pattern, repl in subs:
+                sym = re.sub(pattern, repl, sym)
+            syms.append(sym)
+        kernels[name] = syms
+    target = get_target(plan.arch)
+    with ThreadPoolExecutor(8) as pool:
+        cubins = dict(zip(kernels, pool.map(lambda syms: build_cubin(syms, target), kernels.values())))
+    graphs = {}
+    for name, syms in kernels.items():
+        ex.module, ex._checked_kernels = cd.Module(cubins[name]), set()
+        graphs[name] = cd.Graph([ex._resolve(g, swapped(launch, sym)) for launch, sym in zip(g.launches, syms)])
+    io = {n: ex.read(n).copy() for n, b in plan.buffers.items() if b.kind is BufferKind.IO}
+    start, end = cd.Event(), cd.Event()
+
+    def time_once(graph: cd.Graph) -> float:
+        for n, v in io.items():
+            ex.write(n, v)
+        graph.launch(ex.stream)
+        start.record(ex.stream)
+        for _ in range(a.reps):
+            graph.launch(ex.stream)
+        end.record(ex.stream)
+        end.synchronize()
+        return start.elapsed_ms(end) * 1e3 / a.reps
+
+    times: dict[str, list[float]] = {name: [] for name in graphs}
+    order = list(graphs)
+    for _ in range(a.rounds):
+        random.Random(len(times["base"])).shuffle(order)   # no variant always follows the same one
+        for name in order:
+            times[name].append(time_once(graphs[name]))
+    base = statistics.median(times["base"])
+    print(json.dumps({
+        "artifact": a.artifact, "graph": a.graph, "batch_active": busy, "context": a.context, "reps": a.reps,
+        "variants": {name: {"median_us": round(statistics.median(t), 1), "min_us": round(min(t), 1),
+                            "vs_base": round(statistics.median(t) / base, 3),
+                            "changed": sorted({s for s, launch in zip(kernels[name], g.launches) if s != launch.kernel})}
+                     for name, t in times.items()},
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+// Block timeline of a traced build (targets/nvcc.py, trace=True; bench/trace_plan.py reads it).
+// Every entry point opens a grokc_trace::Scope: per block, the %globaltimer at entry, when
+// griddepcontrol.wait returned (0 when the kernel never waits) and at exit, the kernel's index in
+// the sorted symbols of the translation unit, the block and its multiprocessor. Only traced builds
+// define GROKC_TRACE; artifacts never hold this code.
+#pragma once
+
+#ifdef GROKC_TRACE
+namespace grokc_trace {
+
+struct Record {
+  unsigned long long start, wait, end;
+  unsigned int kernel, block, smid, pad;
+};
+constexpr unsigned int kCapacity = 1u << 18;
+__device__ Record records[kCapacity];
+__device__ unsigned int count;
+__shared__ unsigned long long start_ns, wait_ns;  // shared, so the traced kernels keep their registers
+
+__device__ __forceinline__ unsigned long long now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ bool first_thread() { return threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0; }
+
+__device__ __forceinline__ void mark_wait() {
+  if (first_thread()) wait_ns = now();
+}
+
+struct Scope {
+  unsigned int kernel;
+  __device__ explicit Scope(unsigned int k) : kernel(k) {
+    if (first_thread()) {
+      start_ns = now();
+      wait_ns = 0;
+    }
+  }
+  __device__ ~Scope() {
+    __syncthreads();
+    if (first_thread()) {
+      unsigned int sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      const unsigned int i = atomicAdd(&count, 1u);
+      if (i < kCapacity)
+        records[i] = Record{start_ns, wait_ns, now(), kernel,
+                            blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), sm, 0u};
+    }
+  }
+};
+
+}  // namespace grokc_trace
+#endif
