@@ -114,7 +114,7 @@ class Gemv:
 
 @dataclass(frozen=True)
 class Gemv2:
-    """``linear_gemv2_<wf>_<act>_<out>_r<R>k<KS>w<WN>d<D>p<PF>n<NL>b<B>`` (``kernels/linear_gemv2.cuh``)."""
+    """``linear_gemv2_<wf>_<act>_<out>_r<R>k<KS>w<WN>d<D>p<PF>n<NL>b<B>[t1]`` (``kernels/linear_gemv2.cuh``)."""
 
     wf: str
     act: str
@@ -126,11 +126,12 @@ class Gemv2:
     pf: int    # L2 prefetch with each weight load: 0 none, 1 128 B, 2 256 B
     nl: int    # RMSNorm: 0 a pass over the staged x, 1 per step in registers (sums of squares on the MMA)
     minb: int  # __launch_bounds__ min blocks per SM (0: 1, i.e. no cap below 255 registers)
+    tr: int = 0  # the next launch may start: 0 at entry, 1 after griddepcontrol.wait
 
     @property
     def symbol(self) -> str:
         return (f"linear_gemv2_{self.wf}_{self.act}_{self.out}_r{self.r}k{self.ks}w{self.wn}d{self.d}"
-                f"p{self.pf}n{self.nl}b{self.minb}")
+                f"p{self.pf}n{self.nl}b{self.minb}" + (f"t{self.tr}" if self.tr else ""))
 
     @property
     def threads(self) -> int:
@@ -160,7 +161,7 @@ class Gemv2:
         # caps registers (64 at 256 threads), spilling the ring of loads
         return (f'extern "C" __global__ void {_bounds(self.threads, max(1, self.minb))} {self.symbol}(GROKC_LINEAR_PARAMS) '
                 f"{{ grokc::gemv2::linear_gemv2<{_cpp_common(self.wf, self.act, self.out)}, {self.r}, {self.ks}, "
-                f"{self.wn}, {self.d}, {self.pf}, {self.nl}>(GROKC_LINEAR_ARGS); }}\n")
+                f"{self.wn}, {self.d}, {self.pf}, {self.nl}, {self.tr}>(GROKC_LINEAR_ARGS); }}\n")
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,7 @@ class Ref:
 _COMMON = r"(?P<wf>f16|q4g|q4|q8)_(?P<act>none|silu)_(?P<out>f16|f32)"
 _GEMV_RE = re.compile(rf"linear_gemv_{_COMMON}_m(?P<mt>\d+)k(?P<ks>\d+)r(?P<rg>\d+)u(?P<u>\d+)b(?P<b>\d+)")
 _GEMV2_RE = re.compile(
-    rf"linear_gemv2_{_COMMON}_r(?P<r>\d+)k(?P<ks>\d+)w(?P<wn>\d+)d(?P<d>\d+)p(?P<pf>\d+)n(?P<nl>\d+)b(?P<b>\d+)")
+    rf"linear_gemv2_{_COMMON}_r(?P<r>\d+)k(?P<ks>\d+)w(?P<wn>\d+)d(?P<d>\d+)p(?P<pf>\d+)n(?P<nl>\d+)b(?P<b>\d+)(?:t(?P<tr>\d))?")
 _GEMM_RE = re.compile(
     rf"linear_gemm_{_COMMON}_m(?P<bm>\d+)n(?P<bn>\d+)w(?P<wm>\d+)x(?P<wn>\d+)s(?P<st>\d+)b(?P<b>\d+)")
 _REF_RE = re.compile(rf"linear_ref_{_COMMON}")
@@ -235,9 +236,9 @@ def parse(symbol: str) -> Gemv2 | Gemv | Gemm | Ref | None:
     """The variant a linear kernel symbol names, or None if it is not a valid one."""
     if m := _GEMV2_RE.fullmatch(symbol):
         v2 = Gemv2(m["wf"], m["act"], m["out"], int(m["r"]), int(m["ks"]), int(m["wn"]), int(m["d"]), int(m["pf"]),
-                   int(m["nl"]), int(m["b"]))
+                   int(m["nl"]), int(m["b"]), int(m["tr"] or 0))
         ok = (v2.r in (1, 2, 3, 4) and v2.ks in (1, 2, 4, 8, 16) and v2.wn in (1, 2, 4, 8) and 1 <= v2.d <= 8
-              and v2.r * v2.d <= 8 and v2.pf in (0, 1, 2) and v2.nl in (0, 1)  # ring: 8 * R * D registers
+              and v2.r * v2.d <= 8 and v2.pf in (0, 1, 2) and v2.nl in (0, 1) and v2.tr in (0, 1)  # ring: 8 * R * D registers
               and v2.threads <= 512 and 0 <= v2.minb <= 8 and v2.wf in GEMV2_FORMATS)
         return v2 if ok and v2.symbol == symbol else None
     if m := _GEMV_RE.fullmatch(symbol):
@@ -333,7 +334,13 @@ def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
     - past M = 4 the staged x costs more per block: a grid of at least 2 blocks per SM gets
       twice the warps along N (gate_up at M = 8: 10.7 us against 12.3), the others apply the
       norm per step in registers (qkv at M = 8: 5.0 against 6.3; at M = 1 the pass is cheaper,
-      4.2 against 4.3, gate_up 8.4 against 9.2).
+      4.2 against 4.3, gate_up 8.4 against 9.2);
+    - on sm_90+, a tiling whose warps load all their weights before griddepcontrol.wait (every
+      warp's steps fit its ring: qkv and o of the 1B shape) lets the next launch start only after
+      that wait (TR 1): it has nothing left to stream, and the next kernel's early blocks would only
+      compete with the kernel before it for memory and SMs. Llama-1B decode step, same device call:
+      batch 1 0.987x, 2 0.973x, 4 0.950x, 8 0.943x; TR 1 on gate_up and down too was worse (0.960x
+      at batch 8): they still stream after the wait, and the next kernel's early start overlaps that.
     """
     groups = -(-lin.n // 8) if lin.act == "silu" else -(-lin.nw // 16)
     nsteps = -(-lin.k // gemv2_step_k(lin.wf))
@@ -346,10 +353,12 @@ def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
         ks //= 2
     per = -(-nsteps // ks)
     big_m = lin.m > 4
+    d = min(3 if ks == 1 else 2, per)
+    tr = int(target.has_pdl and per <= d)  # all of a warp's weights are loaded before the wait
     if ks == 1:
-        return Gemv2(lin.wf, lin.act, lin.out, r, 1, 8 if big_m else 4, min(3, per), 2, int(big_m), 0)
+        return Gemv2(lin.wf, lin.act, lin.out, r, 1, 8 if big_m else 4, d, 2, int(big_m), 0, tr)
     wn = 2 if big_m and rows >= 2 * target.num_sms else 1
-    return Gemv2(lin.wf, lin.act, lin.out, r, ks, wn, min(2, per), 1, int(big_m and wn == 1), 0)
+    return Gemv2(lin.wf, lin.act, lin.out, r, ks, wn, d, 1, int(big_m and wn == 1), 0, tr)
 
 
 def rule_gemv2(call: KernelCall, target: Target) -> KernelChoice | None:

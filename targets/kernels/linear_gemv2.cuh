@@ -40,6 +40,8 @@
 // Order inside the kernel (programmatic dependent launch, sm_90+): let the next kernel launch,
 // issue the first D steps of weight loads and the per-row scales (weights do not depend on the
 // previous kernel), then griddepcontrol.wait, and only then read x / norm / residual or write.
+// TR 1 moves the trigger after the wait: for tilings whose warps load all their weights before it,
+// the next kernel's early blocks would only compete with the kernel before this one.
 // Without a programmatic edge both instructions are no-ops; before sm_90 they compile to nothing.
 //
 // x in shared memory: x (and norm) are copied once per block with cp.async into rows of
@@ -147,7 +149,7 @@ __device__ __forceinline__ void a_pairs(const uint4& c, int v, uint32_t p[4]) {
     }
 }
 
-template <int WF, int ACT, bool OUT_F32, int R, int KS, int WN, int D, int PF, int NL, bool NORM, bool ZERO>
+template <int WF, int ACT, bool OUT_F32, int R, int KS, int WN, int D, int PF, int NL, int TR, bool NORM, bool ZERO>
 __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
     constexpr int NWARP = KS * WN;
     constexpr int NT = 32 * NWARP;
@@ -176,7 +178,7 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
     float* wsum = reinterpret_cast<float*>(ns + KP);  // [NWARP][8] sums of squares (NL 1: [KS][8])
     float* red = wsum + NWARP * MAXM;                                   // [KS][M][BR]
 
-    grokc_pdl_launch_dependents();
+    if (TR == 0) grokc_pdl_launch_dependents();
 
     // ---- this lane's rows: A row g and g + 8 of each row group j --------------------------------
     const unsigned char* wlo[R];  // A row g of group j
@@ -253,6 +255,7 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
         if (d < my) load_step(d, d);
 
     grokc_pdl_wait();  // the previous kernel's x / norm / residual are complete from here on
+    if (TR == 1) grokc_pdl_launch_dependents();
 
     // ---- residual of this thread's outputs, early (its latency hides behind the weights) --------
     // KS == 1: lane outputs (m = 2t + h, A row g / g + 8 of group j); KS > 1: e = tid + i * NT.
@@ -490,20 +493,21 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
     }
 }
 
-template <int WF, int ACT, bool OUT_F32, int R, int KS, int WN, int D, int PF, int NL>
+template <int WF, int ACT, bool OUT_F32, int R, int KS, int WN, int D, int PF, int NL, int TR>
 __device__ __forceinline__ void linear_gemv2(GROKC_LINEAR_PARAMS) {
-    static_assert(R >= 1 && KS >= 1 && WN >= 1 && D >= 1 && PF >= 0 && PF <= 2 && (NL == 0 || NL == 1), "tiling");
+    static_assert(R >= 1 && KS >= 1 && WN >= 1 && D >= 1 && PF >= 0 && PF <= 2 && (NL == 0 || NL == 1)
+                  && (TR == 0 || TR == 1), "tiling");
     constexpr bool Q = WF != F16;
     if (norm != nullptr) {
         if (Q && zeros != nullptr)
-            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, true, Q>(GROKC_LINEAR_ARGS);
+            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, TR, true, Q>(GROKC_LINEAR_ARGS);
         else
-            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, true, false>(GROKC_LINEAR_ARGS);
+            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, TR, true, false>(GROKC_LINEAR_ARGS);
     } else {
         if (Q && zeros != nullptr)
-            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, false, Q>(GROKC_LINEAR_ARGS);
+            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, TR, false, Q>(GROKC_LINEAR_ARGS);
         else
-            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, false, false>(GROKC_LINEAR_ARGS);
+            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, TR, false, false>(GROKC_LINEAR_ARGS);
     }
 }
 

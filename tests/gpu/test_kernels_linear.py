@@ -60,6 +60,9 @@ GEMV2_TILINGS = [(1, 1, 1, 1, 1, 0, 0), (1, 2, 1, 4, 1, 0, 0), (1, 4, 1, 2, 1, 0
                  (3, 1, 2, 2, 1, 0, 0), (1, 4, 2, 3, 1, 0, 0), (2, 1, 1, 4, 1, 0, 0), (4, 2, 1, 2, 1, 0, 2),
                  (2, 8, 1, 2, 2, 0, 0), (2, 1, 8, 3, 0, 0, 0), (2, 4, 1, 2, 1, 1, 0), (1, 16, 1, 2, 2, 1, 0),
                  (2, 1, 4, 3, 2, 1, 0), (1, 1, 1, 2, 1, 1, 0), (2, 2, 2, 2, 0, 1, 0)]
+# ... and with the next launch triggered after griddepcontrol.wait (TR 1, the last field).
+GEMV2_TR_TILINGS = [(1, 16, 1, 2, 1, 0, 0, 1), (2, 8, 1, 2, 1, 0, 0, 1), (1, 4, 2, 3, 0, 1, 0, 1),
+                    (2, 1, 4, 3, 1, 0, 0, 1)]
 GEMM_TILINGS = [(128, 128, 2, 4, 3, 0), (64, 128, 2, 4, 3, 0), (64, 64, 2, 2, 3, 0), (128, 128, 2, 4, 4, 1),
                 (128, 64, 4, 2, 3, 0), (64, 128, 2, 4, 2, 2)]
 
@@ -177,9 +180,10 @@ def _gemv2_variant_cases() -> list[tuple]:
     combos = (("q4", "silu_mul", "f16", 200, 1536), ("f16", "none", "f32", 200, 1000), ("q4g128z", "none", "f16", 200, 576),
               ("q4z", "none", "f16", 72, 8192), ("q4g32", "silu_mul", "f32", 40, 576), ("f16", "silu_mul", "f16", 24, 40),
               ("q8z", "none", "f32", 200, 1008), ("q8", "silu_mul", "f16", 40, 592))   # int8: K tails of 48 and 16
-    for i, (r, ks, wn, d, pf, nl, b) in enumerate(GEMV2_TILINGS):
+    for i, tiling in enumerate(GEMV2_TILINGS + GEMV2_TR_TILINGS):
+        nl = tiling[5]
         for j, (fmt, act, out, n, k) in enumerate(combos):
-            v = rules_linear.Gemv2(kernel_wf(fmt), "silu" if act == "silu_mul" else "none", out, r, ks, wn, d, pf, nl, b)
+            v = rules_linear.Gemv2(kernel_wf(fmt), "silu" if act == "silu_mul" else "none", out, *tiling)
             m = 1 + (i + 3 * j) % 8
             cases.append((v, m, n, k, fmt, act, out, nl == 1 or (i + j) % 2 == 0, (i + j) % 3 != 0,
                           (i + 2 * j) % 3 == 0))

@@ -133,8 +133,8 @@ def test_gemv2_smem_and_tiling():
     assert select(call(8, 128256, 2048, wf="f16", out="f32"), t).kernel == "linear_gemv2_f16_none_f32_r2k1w8d3p2n1b0"
     assert select(call(1, 8192, 2048, "silu_mul"), t).kernel == "linear_gemv2_q4_silu_f16_r2k4w1d2p1n0b0"
     assert select(call(8, 8192, 2048, "silu_mul"), t).kernel == "linear_gemv2_q4_silu_f16_r2k4w2d2p1n0b0"
-    assert select(call(4, 3072, 2048), t).kernel == "linear_gemv2_q4_none_f16_r2k8w1d2p1n0b0"
-    assert select(call(8, 3072, 2048), t).kernel == "linear_gemv2_q4_none_f16_r2k8w1d2p1n1b0"
+    assert select(call(4, 3072, 2048), t).kernel == "linear_gemv2_q4_none_f16_r2k8w1d2p1n0b0t1"
+    assert select(call(8, 3072, 2048), t).kernel == "linear_gemv2_q4_none_f16_r2k8w1d2p1n1b0t1"
     assert select(call(1, 2048, 8192), t).kernel == "linear_gemv2_q4_none_f16_r1k16w1d2p1n0b0"
     for k, n, act, wf, out in LLAMA_1B:
         c = select(call(1, n, k, act, wf, out), t)
@@ -201,3 +201,19 @@ def test_every_choice_compiles():
     cubin = build_cubin(sorted(symbols), t)
     for sym in symbols:
         assert sym.encode() + b"\0" in cubin
+
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm80"])
+@pytest.mark.parametrize("m", [1, 4, 8])
+def test_next_launch_waits_when_the_ring_holds_every_step(arch: str, m: int):
+    """TR 1 (the next kernel may launch only after this one's griddepcontrol.wait) exactly when each
+    warp loads all its weights before that wait, and only where programmatic launch exists (sm_90)."""
+    t = get_target(arch)
+    for k, n, act, wf, out in LLAMA_1B + SMOLLM2:
+        v = rules_linear.parse(select(call(m, n, k, act, wf, out), t).kernel)
+        steps = -(-k // rules_linear.gemv2_step_k(v.wf))
+        assert v.tr == int(t.has_pdl and -(-steps // v.ks) <= v.d), (arch, m, k, n, act, v.symbol)
+    if t.has_pdl:  # the 1B shape: qkv and o wait, gate_up, down and the LM head still stream after it
+        assert [rules_linear.parse(select(call(m, n, k, act, wf, out), t).kernel).tr
+                for k, n, act, wf, out in LLAMA_1B] == [1, 1, 0, 0, 0]
