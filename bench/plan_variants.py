@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from grokc.artifacts.plan import BufferKind, Launch
 from grokc.runner import cuda_driver as cd
-from grokc.targets import rules_linear
+from grokc.targets import rules_attention, rules_linear
 from grokc.targets.archs import get_target
 from grokc.targets.nvcc import build_cubin
 from profile_plan import busy_runner
@@ -38,14 +38,17 @@ def parse_variant(text: str) -> tuple[str, list[tuple[str, str]]]:
 
 
 def swapped(launch: Launch, symbol: str) -> Launch:
-    """``launch`` running ``symbol`` instead; a gemv2 variant gets the shared memory it lays out."""
+    """``launch`` running ``symbol`` instead, with the launch shape a gemv2 or decode-attention variant needs."""
     if symbol == launch.kernel:
         return launch
-    smem = launch.smem
+    dims = {a.param: a.value for a in launch.args}
     if isinstance(v := rules_linear.parse(symbol), rules_linear.Gemv2):
-        dims = {a.param: a.value for a in launch.args}
-        smem = v.smem(int(dims["M"]), int(dims["K"]))
-    return dataclasses.replace(launch, kernel=symbol, smem=smem)
+        return dataclasses.replace(launch, kernel=symbol, smem=v.smem(int(dims["M"]), int(dims["K"])))
+    if m := re.fullmatch(r"attn_decode_mma_d(\d+)_w(\d+)_s(\d+)_c(\d+)(_early)?", symbol):
+        d, w, st, cs = map(int, m.groups()[:4])
+        return dataclasses.replace(launch, kernel=symbol, grid=(int(dims["n_kv_heads"]) * cs, int(dims["B"]), 1),
+                                   block=(32 * w, 1, 1), smem=rules_attention.decode_mma_smem(d, w, st))
+    return dataclasses.replace(launch, kernel=symbol)
 
 
 def main() -> None:
