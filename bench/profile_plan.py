@@ -31,12 +31,16 @@ def busy_runner(argv: list[str] | None = None, **extra: tuple[type, object]) -> 
     ap.add_argument("--graph", default="", help="default: the decode graph of the batch")
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--batch", type=int, default=0, help="busy slots (default: the build's batch)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="the slots' sampling (default: greedy)")
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=1.0)
     for name, (kind, default) in extra.items():
         ap.add_argument(f"--{name}", type=kind, default=default, action="append" if isinstance(default, list) else None)
     a = ap.parse_args(argv)
     r = Runner(a.artifact, device="cuda")
     budget = r.engine.shapes.max_seq - a.context - 1
-    slots = [r.engine.add(list(range(100, 100 + a.context)), SamplingParams(max_new_tokens=budget))
+    sampling = SamplingParams(max_new_tokens=budget, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=1)
+    slots = [r.engine.add(list(range(100, 100 + a.context)), sampling)
              for _ in range(a.batch or r.engine.shapes.batch)]
     a.graph = a.graph or r.engine.decode_graph()
     r.executor.replay(a.graph)

@@ -4,10 +4,11 @@
 // Every pass re-reads the row (it stays in L2); per row, by mode:
 //   greedy (temperature <= 0): one pass, argmax with the lowest index on ties.
 //   sampling: one pass for max(logits) (max(l) = max(logits) / T since the division is monotone);
-//     top-k: an exact radix select of the top_k-th largest l on order-preserving keys of the float
-//     bits (3 passes: 11, 11, 10 bits);
-//     top-p: the same radix walk over the keys of p among the kept tokens, weighted by p, finds the
-//     largest tau whose kept mass sum(p >= tau) reaches top_p times the kept mass (3 passes);
+//     top-k: an exact radix select of the top_k-th largest logit on order-preserving keys of the
+//     float bits (3 passes: 11, 11, 10 bits), divided by T (the division keeps the order);
+//     top-p: the same radix walk over the logits' keys among the kept tokens, weighted by p, finds
+//     the largest tau whose kept mass sum(p >= tau) reaches top_p times the kept mass (3 passes; p is
+//     computed only for elements whose key matches the digits chosen so far);
 //     then one pass of per-128-token chunk masses, a block scan to the chunk holding u * mass, and
 //     one warp's walk inside it (index order).
 //   Masses are fixed-point integers (p * 2^46 in u64, exact sums in any order), so every pass agrees
@@ -125,12 +126,16 @@ __device__ __forceinline__ void find_bin(Shared& sh, int nb, unsigned long long 
   __syncthreads();
 }
 
-// The largest key K among the members such that the weight of members with key >= K reaches the
-// target: for weight 1 and target k, the k-th largest key. elem(j, x, key, weight) says whether
-// element j is a member and gives its key and weight. With frac >= 0 the target is
-// ceil(frac * total weight), known after the first pass.
-template <class Elem>
-__device__ __forceinline__ uint32_t radix_select(const float* row, int V, Shared& sh, Elem elem,
+// The largest logit key K (float_key(x)) such that the weight of the members with key >= K reaches
+// the target: for weight 1 and target k, the k-th largest logit. member(x, weight) says whether an
+// element is a member and gives its weight; it is called only for elements whose key matches the
+// digits chosen so far, so the passes after the first cost a compare per element. The members must
+// be closed upward (x member, x' > x: x' member) and the weight non-decreasing in x: then for every
+// non-decreasing f, f(key_float(K)) is the same selection made on f(x) (order statistics commute with
+// f), which is how the callers get the k-th largest x / T and top-p's probability threshold. With
+// frac >= 0 the target is ceil(frac * total weight), known after the first pass.
+template <class Member>
+__device__ __forceinline__ uint32_t radix_select(const float* row, int V, Shared& sh, Member member,
                                                  unsigned long long target, double frac) {
   uint32_t prefix = 0, mask = 0;
   unsigned long long above = 0;
@@ -140,11 +145,10 @@ __device__ __forceinline__ uint32_t radix_select(const float* row, int V, Shared
     const int nb = pass < 2 ? 2048 : 1024;
     for (int i = threadIdx.x; i < nb; i += kThreads) sh.hist[i] = 0;
     __syncthreads();
-    for_row(row, V, [&](int j, float x) {
-      uint32_t key;
+    for_row(row, V, [&](int, float x) {
+      const uint32_t key = float_key(x);
       unsigned long long w;
-      if (elem(j, x, key, w) && (key & mask) == prefix && w != 0)
-        atomicAdd(&sh.hist[(key >> shift) & (nb - 1)], w);
+      if ((key & mask) == prefix && member(x, w) && w != 0) atomicAdd(&sh.hist[(key >> shift) & (nb - 1)], w);
     });
     __syncthreads();
     unsigned long long total;
@@ -213,17 +217,18 @@ __device__ __forceinline__ void sample_rows(
     const float tp = sh.top_p;
     const bool use_p = tp > 0.f && tp < 1.f;
 
+    // The selections run on the logits' keys; x / T and p are non-decreasing in x, so the k-th largest
+    // x / T is the k-th largest x divided by T, and top-p's threshold is p of the selected logit.
     float kth = -INFINITY;
     if (use_k) {
       const uint32_t key = radix_select(
           row, V, sh,
-          [&](int, float x, uint32_t& key, unsigned long long& w) {
-            key = float_key(__fdiv_rn(x, T));
+          [](float, unsigned long long& w) {
             w = 1;
             return true;
           },
           static_cast<unsigned long long>(k), -1.0);
-      kth = key_float(key);
+      kth = __fdiv_rn(key_float(key), T);
     }
     auto prob = [&](float x, float& l) {
       l = __fdiv_rn(x, T);
@@ -233,15 +238,15 @@ __device__ __forceinline__ void sample_rows(
     if (use_p) {
       const uint32_t key = radix_select(
           row, V, sh,
-          [&](int, float x, uint32_t& key, unsigned long long& w) {
+          [&](float x, unsigned long long& w) {
             float l;
             const float p = prob(x, l);
-            key = float_key(p);
             w = static_cast<unsigned long long>(p * kFixed);
             return l >= kth;
           },
           1ull, static_cast<double>(tp));
-      tau = key_float(key);
+      float l;
+      tau = prob(key_float(key), l);
     }
     auto weight = [&](float x, bool& kept) -> unsigned long long {
       float l;
