@@ -26,7 +26,8 @@ from grokc.runner import cuda_driver as cd
 from grokc.targets import rules_attention, rules_linear
 from grokc.targets.archs import get_target
 from grokc.targets.nvcc import build_cubin
-from profile_plan import busy_runner
+
+from profile_plan import busy_runner, replay_us, use_kernels
 
 
 def parse_variant(text: str) -> tuple[str, list[tuple[str, str]]]:
@@ -70,21 +71,14 @@ def main() -> None:
         cubins = dict(zip(kernels, pool.map(lambda syms: build_cubin(syms, target), kernels.values())))
     graphs = {}
     for name, syms in kernels.items():
-        ex.module, ex._checked_kernels = cd.Module(cubins[name]), set()
+        use_kernels(ex, cubins[name])
         graphs[name] = cd.Graph([ex._resolve(g, swapped(launch, sym)) for launch, sym in zip(g.launches, syms)])
     io = {n: ex.read(n).copy() for n, b in plan.buffers.items() if b.kind is BufferKind.IO}
-    start, end = cd.Event(), cd.Event()
 
     def time_once(graph: cd.Graph) -> float:
         for n, v in io.items():
             ex.write(n, v)
-        graph.launch(ex.stream)
-        start.record(ex.stream)
-        for _ in range(a.reps):
-            graph.launch(ex.stream)
-        end.record(ex.stream)
-        end.synchronize()
-        return start.elapsed_ms(end) * 1e3 / a.reps
+        return replay_us(ex, graph, a.reps)
 
     times: dict[str, list[float]] = {name: [] for name in graphs}
     order = list(graphs)

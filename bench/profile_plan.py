@@ -48,20 +48,34 @@ def busy_runner(argv: list[str] | None = None, **extra: tuple[type, object]) -> 
     return a, r, len(slots)
 
 
+def use_kernels(ex, cubin: bytes) -> None:
+    """Resolve the executor's launches from now on against ``cubin`` (a traced or variant rebuild of
+    the plan's kernels); graphs already built keep theirs. The executor's own load does the same."""
+    ex.module, ex._checked_kernels = cd.Module(cubin), set()
+
+
+def replay_us(ex, graph: cd.Graph, reps: int) -> float:
+    """µs per replay of ``graph`` on the executor's stream: one warm replay, then ``reps`` timed ones."""
+    start, end = cd.Event(), cd.Event()
+    graph.launch(ex.stream)
+    start.record(ex.stream)
+    for _ in range(reps):
+        graph.launch(ex.stream)
+    end.record(ex.stream)
+    end.synchronize()
+    us = start.elapsed_ms(end) * 1e3 / reps
+    start.close()
+    end.close()
+    return us
+
+
 def main() -> None:
     a, r, busy = busy_runner(reps=(int, 50))
     ex, plan = r.executor, r.plan
     g = plan.graphs[a.graph]
-    start, end = cd.Event(), cd.Event()
 
     def time_graph(graph: cd.Graph, reps: int) -> float:
-        graph.launch(ex.stream)
-        start.record(ex.stream)
-        for _ in range(reps):
-            graph.launch(ex.stream)
-        end.record(ex.stream)
-        end.synchronize()
-        return start.elapsed_ms(end) * 1e3 / reps
+        return replay_us(ex, graph, reps)
 
     resolved = [ex._resolve(g, launch) for launch in g.launches]
     whole_us = time_graph(cd.Graph(resolved), a.reps)

@@ -23,10 +23,12 @@ import json
 from collections import defaultdict
 
 import numpy as np
+
 from grokc.runner import cuda_driver as cd
 from grokc.targets.archs import get_target
 from grokc.targets.nvcc import build_cubin
-from profile_plan import busy_runner
+
+from profile_plan import busy_runner, use_kernels
 
 RECORD = np.dtype([("start", "<u8"), ("wait", "<u8"), ("end", "<u8"), ("kernel", "<u4"), ("block", "<u4"),
                    ("smid", "<u4"), ("pad", "<u4")])
@@ -71,8 +73,8 @@ def main() -> None:
     ex, plan = r.executor, r.plan
     g = plan.graphs[a.graph]
     symbols = sorted({launch.kernel for graph in plan.graphs.values() for launch in graph.launches})
-    module = cd.Module(build_cubin(symbols, get_target(plan.arch), trace=True))
-    ex.module, ex._checked_kernels = module, set()
+    use_kernels(ex, build_cubin(symbols, get_target(plan.arch), trace=True))
+    module = ex.module
     graph = cd.Graph([ex._resolve(g, launch) for launch in g.launches])
     for _ in range(3):
         graph.launch(ex.stream)
