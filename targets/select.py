@@ -8,7 +8,8 @@ Each rule module (``rules_linear``, ``rules_attention``, ``rules_misc``, ``rules
 - ``kernel_source(symbol)``: the C++ defining the ``extern "C"`` entry point ``symbol``, or None
   when the symbol is not one of its kernels;
 A rule sets ``KernelChoice.pdl`` when its kernel should be joined to the launch before it by a
-programmatic edge (sm_90+). Every grokc kernel triggers its dependents at entry and waits before reading its inputs, so any
+programmatic edge (sm_90+). Every grokc kernel waits before reading its inputs and triggers its dependents at entry
+(gemv2 tilings marked ``t1``: right after that wait), so any
 edge may be programmatic; which ones are is a measured choice. On the H200 the GEMVs gain (they
 prefetch weights before the wait), and decode attention from 2 slots on (it prefetches its cache
 blocks before the wait); programmatic edges into sampling or the embedding, or into attention
