@@ -21,6 +21,7 @@ import re
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 
+from grokc.artifacts.errors import TargetError
 from grokc.artifacts.plan import BufferKind, Launch
 from grokc.runner import cuda_driver as cd
 from grokc.targets import rules_attention, rules_linear
@@ -68,7 +69,10 @@ def main() -> None:
         kernels[name] = syms
     target = get_target(plan.arch)
     with ThreadPoolExecutor(8) as pool:
-        cubins = dict(zip(kernels, pool.map(lambda syms: build_cubin(syms, target), kernels.values())))
+        try:
+            cubins = dict(zip(kernels, pool.map(lambda syms: build_cubin(syms, target), kernels.values())))
+        except TargetError as exc:  # e.g. a rewrite that names no kernel of ours
+            raise SystemExit(f"plan_variants: {exc}") from None
     graphs = {}
     for name, syms in kernels.items():
         use_kernels(ex, cubins[name])
