@@ -24,6 +24,7 @@ from grokc.compiler.ir import DType, Graph, LinearAttrs, Module, Node, OpKind, T
 from grokc.compiler.names import layer
 
 from ._graph import rebuild_graph, rewrite_graphs, single_use
+from ._rowwise import concat_rows
 
 
 def run(module: Module) -> Module:
@@ -47,7 +48,7 @@ def _fuse_graph(g: Graph, module: Module) -> tuple[Graph, dict[str, np.ndarray]]
                                    "grokc fuses; only the Llama family is supported")
         i = attn.attrs.layer
         weight = layer(i, "attn_qkv")
-        new_params[weight] = frozen_array(np.concatenate([module.params[n.inputs["weight"]] for n in (q_lin, k_lin, v_lin)]))
+        new_params[weight] = frozen_array(concat_rows([module.params[n.inputs["weight"]] for n in (q_lin, k_lin, v_lin)]))
         qkv = f"blk.{i}.attn_qkv"
         t = g.tensors[q_lin.outputs[0]].shape[0]
         new_types[qkv] = TensorType((t, new_params[weight].shape[0]), DType.F16)

@@ -18,6 +18,7 @@ import numpy as np
 from grokc.compiler.ir import Act, Graph, LinearAttrs, Module, Node, OpKind, frozen_array
 
 from ._graph import rebuild_graph, rewrite_graphs, single_use
+from ._rowwise import concat_rows
 
 
 def run(module: Module) -> Module:
@@ -37,7 +38,7 @@ def _fuse_graph(g: Graph, module: Module) -> tuple[Graph, dict[str, np.ndarray]]
             continue
         silu, gate, up = match
         weight = gate.inputs["weight"].replace("ffn_gate", "ffn_gate_up")
-        new_params[weight] = frozen_array(np.concatenate([module.params[gate.inputs["weight"]], module.params[up.inputs["weight"]]]))
+        new_params[weight] = frozen_array(concat_rows([module.params[gate.inputs["weight"]], module.params[up.inputs["weight"]]]))
         name = gate.name.replace("ffn_gate", "ffn_gate_up")
         replaced[mul.name] = Node(OpKind.LINEAR, name, {"x": gate.inputs["x"], "weight": weight}, mul.outputs,
                                   replace(LinearAttrs(), act=Act.SILU_MUL))

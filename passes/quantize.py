@@ -55,6 +55,7 @@ from grokc.compiler import names
 from grokc.compiler.ir import EmbeddingAttrs, Module, Node, OpKind, WeightFormat, frozen_array
 
 from ._graph import rebuild_graph, rebuild_module
+from ._rowwise import as_f16, rowwise
 from . import sparse_residual
 from .gptq import quantize_gptq_residual
 from .rounding import int8_rtn, quantize_rtn
@@ -185,6 +186,9 @@ QUANT: dict[str, QuantRecipe] = {
 }
 
 
+pack_int4 = rowwise(int4.pack)   # a synthetic build's placeholder codes stay one row
+
+
 def quantize_weight(w: np.ndarray, recipe: QuantRecipe, hessian: np.ndarray | None = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, tuple[np.ndarray, ...] | None]:
     """int4 ``(codes, scales, zeros, residual)`` of one f32 weight ``[N, K]`` by ``recipe`` (GPTQ needs
@@ -233,7 +237,7 @@ def quantize_embedding(table: np.ndarray, recipe: QuantRecipe
                                "choose --embeddings int8 or fp16")
     gs = embedding_group_size(h, recipe)
     codes, scales, zeros = quantize_rtn(table, gs, recipe.symmetric)
-    return int4.pack(codes), scales, zeros, gs
+    return pack_int4(codes), scales, zeros, gs
 
 
 def dequantized_embedding(table: np.ndarray, recipe: QuantRecipe) -> np.ndarray:
@@ -265,7 +269,7 @@ def run(module: Module, recipe: QuantRecipe, calibration: Calibration | None = N
         graphs[gname] = rebuild_graph(g, nodes)
     for name, a in module.params.items():  # embeddings, norms, any other f32 weight: f16
         if name not in new_params and a.dtype == np.float32 and a.ndim >= 1 and not name.startswith("rope_"):
-            new_params[name] = frozen_array(a.astype(np.float16))
+            new_params[name] = frozen_array(as_f16(a))
     quant = recipe.to_json()
     if recipe.calibrated:
         quant["calibration"] = dict(calibration.info)
@@ -276,7 +280,7 @@ def _quantize_embedding(n: Node, module: Module, recipe: QuantRecipe, out: dict)
     tname = n.inputs["table"]
     fmt = recipe.embeddings
     if fmt is WeightFormat.F16:
-        out[tname] = frozen_array(module.params[tname].astype(np.float16))
+        out[tname] = frozen_array(as_f16(module.params[tname]))
         return replace(n, attrs=EmbeddingAttrs(fmt))
     base = tname.removesuffix(".weight")
     codes_name = f"{base}.q8weight" if fmt is WeightFormat.Q8 else f"{base}.qweight"
@@ -297,9 +301,9 @@ def _quantize_linear(n: Node, module: Module, is_head: bool, recipe: QuantRecipe
     fmt = recipe.lm_head if is_head else recipe.weight_format
     if fmt is WeightFormat.F16:
         if tied and recipe.embeddings is not WeightFormat.F16:   # the f16 head keeps the f16 table as its own weight
-            out[names.LM_HEAD] = frozen_array(w.astype(np.float16))
+            out[names.LM_HEAD] = frozen_array(as_f16(w))
             return replace(n, inputs={**n.inputs, "weight": names.LM_HEAD}, attrs=replace(n.attrs, weight_format=fmt))
-        out[wname] = frozen_array(w.astype(np.float16))
+        out[wname] = frozen_array(as_f16(w))
         return replace(n, attrs=replace(n.attrs, weight_format=fmt))
     base = names.LM_HEAD.removesuffix(".weight") if is_head else wname.removesuffix(".weight")
     if fmt is WeightFormat.Q8:
@@ -309,7 +313,7 @@ def _quantize_linear(n: Node, module: Module, is_head: bool, recipe: QuantRecipe
         return _with_codes(n, out, base, fmt, 0, {"q8weight": codes, "scales": scales, "zeros": zeros})
     h = calibration.hessian(names.LM_HEAD if is_head else names.input_key(wname), w.shape[1]) if recipe.calibrated else None
     codes, scales, zeros, residual = quantize_weight(w, recipe, h)
-    stored = {"qweight": int4.pack(codes), "scales": scales, "zeros": zeros,
+    stored = {"qweight": pack_int4(codes), "scales": scales, "zeros": zeros,
               **dict(zip(sparse_residual.ROLES, residual or (None,) * len(sparse_residual.ROLES)))}
     return _with_codes(n, out, base, fmt, recipe.group_size, stored)
 

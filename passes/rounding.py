@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._rowwise import rowwise
 
+
+@rowwise
 def quantize_rtn(w: np.ndarray, group_size: int, symmetric: bool,
                  bits: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Round-to-nearest ``bits``-bit (4 or 8) codes of ``w`` f32 ``[N, K]``: ``(codes u8 [N, K],
