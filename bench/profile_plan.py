@@ -74,11 +74,8 @@ def main() -> None:
     ex, plan = r.executor, r.plan
     g = plan.graphs[a.graph]
 
-    def time_graph(graph: cd.Graph, reps: int) -> float:
-        return replay_us(ex, graph, reps)
-
     resolved = [ex._resolve(g, launch) for launch in g.launches]
-    whole_us = time_graph(cd.Graph(resolved), a.reps)
+    whole_us = replay_us(ex, cd.Graph(resolved), a.reps)
     variants = {   # the same graph with programmatic edges only where a variant allows them
         "no_pdl": [dataclasses.replace(k, pdl=False) for k in resolved],
         "pdl_linear_only": [dataclasses.replace(k, pdl=k.pdl and l.op == "linear") for k, l in zip(resolved, g.launches)],
@@ -89,12 +86,12 @@ def main() -> None:
     # what that role costs inside the chain, dependency gaps included)
     for role in dict.fromkeys(launch.node.split(".")[-1] for launch in g.launches):
         variants[f"without_{role}"] = [k for k, l in zip(resolved, g.launches) if l.node.split(".")[-1] != role]
-    variant_us = {name: round(time_graph(cd.Graph(ks), a.reps), 1) for name, ks in variants.items()}
+    variant_us = {name: round(replay_us(ex, cd.Graph(ks), a.reps), 1) for name, ks in variants.items()}
     per_op, per_kernel, rows = defaultdict(float), defaultdict(float), []
     for launch in g.launches:
         k = ex._resolve(g, launch)
         single = cd.Graph([k] * a.reps)
-        us = time_graph(single, 3) / a.reps
+        us = replay_us(ex, single, 3) / a.reps
         single.close()
         per_op[launch.op] += us
         per_kernel[f"{launch.kernel} ({launch.node.split('.')[-1]})"] += us
