@@ -81,6 +81,18 @@ __device__ __forceinline__ void for_row(const float* row, int V, F&& f) {
   }
 }
 
+// *a += w in shared memory as two 32-bit atomics: the low word's add returns the old value, so the
+// one add that wraps it knows to carry into the high word; after the block's adds the u64 is the
+// exact sum. Shared memory has no native 64-bit atomic add (it would be a compare-and-swap loop,
+// which the skewed bins of a radix pass make thousands of threads retry).
+__device__ __forceinline__ void shared_add_u64(unsigned long long* a, unsigned long long w) {
+  unsigned* word = reinterpret_cast<unsigned*>(a);  // little-endian: low word first
+  const unsigned lo = static_cast<unsigned>(w), hi = static_cast<unsigned>(w >> 32);
+  const unsigned old = atomicAdd(word, lo);
+  const unsigned high = hi + (old + lo < old ? 1u : 0u);
+  if (high != 0u) atomicAdd(word + 1, high);
+}
+
 // Inclusive block-wide prefix sum of one u64 per thread; *total gets the block's sum.
 __device__ __forceinline__ unsigned long long block_scan(unsigned long long v, Shared& sh,
                                                          unsigned long long* total) {
@@ -148,7 +160,7 @@ __device__ __forceinline__ uint32_t radix_select(const float* row, int V, Shared
     for_row(row, V, [&](int, float x) {
       const uint32_t key = float_key(x);
       unsigned long long w;
-      if ((key & mask) == prefix && member(x, w) && w != 0) atomicAdd(&sh.hist[(key >> shift) & (nb - 1)], w);
+      if ((key & mask) == prefix && member(x, w) && w != 0) shared_add_u64(&sh.hist[(key >> shift) & (nb - 1)], w);
     });
     __syncthreads();
     unsigned long long total;
