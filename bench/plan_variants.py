@@ -40,7 +40,8 @@ def parse_variant(text: str) -> tuple[str, list[tuple[str, str]]]:
 
 
 def swapped(launch: Launch, symbol: str) -> Launch:
-    """``launch`` running ``symbol`` instead, with the launch shape a gemv2 or decode-attention variant needs."""
+    """``launch`` running ``symbol`` instead, with the launch shape (and, for decode attention, the
+    programmatic edge) a gemv2 or decode-attention variant needs."""
     if symbol == launch.kernel:
         return launch
     dims = {a.param: a.value for a in launch.args}
@@ -49,7 +50,8 @@ def swapped(launch: Launch, symbol: str) -> Launch:
     if m := re.fullmatch(r"attn_decode_mma_d(\d+)_w(\d+)_s(\d+)_c(\d+)(_early)?", symbol):
         d, w, st, cs = map(int, m.groups()[:4])
         return dataclasses.replace(launch, kernel=symbol, grid=(int(dims["n_kv_heads"]) * cs, int(dims["B"]), 1),
-                                   block=(32 * w, 1, 1), smem=rules_attention.decode_mma_smem(d, w, st))
+                                   block=(32 * w, 1, 1), smem=rules_attention.decode_mma_smem(d, w, st),
+                                   pdl=m.group(5) is not None)  # _early waits inside: a programmatic edge
     return dataclasses.replace(launch, kernel=symbol)
 
 
