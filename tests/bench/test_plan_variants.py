@@ -1,0 +1,38 @@
+"""bench/plan_variants.py's launch rewrite (pure Python; no GPU): a swapped kernel gets the launch shape
+and the programmatic edge its variant needs, from the rules' own formulas."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import plan_variants  # noqa: E402  (bench/ is a folder of scripts, not a package)
+
+from grokc.artifacts.plan import Arg, Launch  # noqa: E402
+from grokc.targets import rules_attention, rules_linear  # noqa: E402
+
+
+def attention(kernel: str, pdl: bool) -> Launch:
+    args = (Arg("B", value=1), Arg("n_kv_heads", value=8))
+    return Launch("attention_decode", kernel, (8, 1, 1), (256, 1, 1), 1, args, pdl=pdl)
+
+
+def test_decode_attention_early_variant_gets_its_edge_and_shape():
+    base = attention("attn_decode_mma_d64_w8_s4_c1", pdl=False)
+    early = plan_variants.swapped(base, "attn_decode_mma_d64_w4_s2_c1_early")
+    assert early.pdl is True
+    assert early.grid == (8, 1, 1) and early.block == (128, 1, 1)
+    assert early.smem == rules_attention.decode_mma_smem(64, 4, 2)
+    plain = plan_variants.swapped(attention("attn_decode_mma_d64_w8_s4_c1_early", pdl=True), "attn_decode_mma_d64_w8_s4_c2")
+    assert plain.pdl is False
+    assert plain.grid == (16, 1, 1) and plain.smem == rules_attention.decode_mma_smem(64, 8, 4)
+
+
+def test_gemv2_variant_gets_its_shared_memory_and_keeps_its_edge():
+    args = (Arg("M", value=4), Arg("K", value=2048))
+    base = Launch("linear", "linear_gemv2_q4_none_f16_r1k8w1d2p1n0b0", (128, 1, 1), (256, 1, 1), 1, args, pdl=True)
+    v = plan_variants.swapped(base, "linear_gemv2_q4_none_f16_r1k8w2d2p1n1b0")
+    assert v.smem == rules_linear.parse("linear_gemv2_q4_none_f16_r1k8w2d2p1n1b0").smem(4, 2048) != base.smem
+    assert v.pdl is True and v.kernel.endswith("n1b0")
+    assert plan_variants.swapped(base, base.kernel) is base
