@@ -47,7 +47,7 @@ def swapped(launch: Launch, symbol: str) -> Launch:
     dims = {a.param: a.value for a in launch.args}
     if isinstance(v := rules_linear.parse(symbol), rules_linear.Gemv2):
         return dataclasses.replace(launch, kernel=symbol, smem=v.smem(int(dims["M"]), int(dims["K"])))
-    if m := re.fullmatch(r"attn_decode_mma_d(\d+)_w(\d+)_s(\d+)_c(\d+)(_early)?", symbol):
+    if m := rules_attention.DECODE_MMA.fullmatch(symbol):
         d, w, st, cs = map(int, m.groups()[:4])
         return dataclasses.replace(launch, kernel=symbol, grid=(int(dims["n_kv_heads"]) * cs, int(dims["B"]), 1),
                                    block=(32 * w, 1, 1), smem=rules_attention.decode_mma_smem(d, w, st),

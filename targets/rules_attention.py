@@ -153,7 +153,8 @@ RULES: dict[str, list[KernelRule]] = {
 # -- sources ----------------------------------------------------------------------------------
 
 _PREFILL_MMA = re.compile(r"attn_prefill_mma_d(\d+)_n(\d+)")
-_DECODE_MMA = re.compile(r"attn_decode_mma_d(\d+)_w(\d+)_s(\d+)_c(\d+)(_early)?")
+# decode symbols, groups: head_dim, warps, stages, cluster size, "_early" (bench/plan_variants.py parses them too)
+DECODE_MMA = re.compile(r"attn_decode_mma_d(\d+)_w(\d+)_s(\d+)_c(\d+)(_early)?")
 
 
 def _entry(symbol: str, op: str, body: str, threads: int, cluster: int = 1, min_blocks: int = 0,
@@ -176,7 +177,7 @@ def kernel_source(symbol: str) -> str | None:
     if m := _PREFILL_MMA.fullmatch(symbol):
         d, bn = map(int, m.groups())
         return _entry(symbol, "attention_prefill", f"grokc_attn::attention_prefill_mma<{d}, {bn}>", 128)
-    if m := _DECODE_MMA.fullmatch(symbol):
+    if m := DECODE_MMA.fullmatch(symbol):
         d, w, st, cs = map(int, m.groups()[:4])
         early = m.group(5) is not None
         # one block per multiprocessor is the plan (min_blocks 1): without it ptxas caps the
