@@ -13,7 +13,8 @@ Cases (Llama-3.2-1B attention: 32 query heads, 8 kv heads, head_dim 64):
   Baseline: torch SDPA over a dense (unpaged) KV of the same size, ``enable_gqa``.
 - attention_prefill, L = 512 and 2048, all rows real: TFLOP/s counts the causal half of
   ``4 * NH * D * L^2``. Baseline: torch SDPA, causal, ``enable_gqa`` (no RoPE, no cache write).
-- sample, V = 128256, M = 1 and 8: greedy, top-p 0.9, top-k 50 + top-p 0.9 (temperature 0.8).
+- sample, V = 128256, M = 1 and 8: greedy, top-p 0.9, top-k 50 + top-p 0.9 (temperature 0.8), every
+  sample kernel the GPU runs (the cluster kernel on sm_90+, the one-block kernel everywhere).
   Baseline: torch argmax; softmax + sort + cumsum + exponential race for top-p.
 
 Each grokc case is first checked against the numpy oracle (``runner/cpu.py``) on the same inputs.
@@ -60,7 +61,7 @@ import torch.nn.functional as F  # noqa: E402
 from grokc.artifacts.kernel_abi import KERNEL_ABI, KV_BLOCK_SIZE as S  # noqa: E402
 from grokc.runner import cuda_driver as cd  # noqa: E402
 from grokc.runner.cpu import OPS  # noqa: E402
-from grokc.targets import build_cubin, get_target, select  # noqa: E402
+from grokc.targets import build_cubin, get_target, rules_misc, select  # noqa: E402
 from grokc.targets.base import KernelCall  # noqa: E402
 
 F16, F32, I32 = np.float16, np.float32, np.int32
@@ -269,11 +270,16 @@ def prefill_case(dev: Device, rng, L: int) -> dict:
 
 # -- sample ---------------------------------------------------------------------------------------
 
-def sample_case(dev: Device, rng, m: int, mode: str) -> dict:
+def sample_choices(m: int, target) -> list:
+    """Every sample kernel ``target`` runs for M = m, V = 128256 (rules_misc's order)."""
+    call = KernelCall("sample", dims={"M": m, "V": 128256, "n_eos": 0, "max_out": 4096})
+    return [c for rule in rules_misc.RULES["sample"] if (c := rule(call, target)) is not None]
+
+
+def sample_case(dev: Device, rng, m: int, mode: str, choice) -> dict:
     v = 128256
     temperature, top_k, top_p = {"greedy": (0.0, 0, 1.0), "top_p": (0.8, 0, 0.9), "top_k+top_p": (0.8, 50, 0.9)}[mode]
     scal = {"M": m, "V": v, "n_eos": 0, "max_out": 4096}
-    choice = select(KernelCall("sample", dims=scal), dev.target)
     host = {"logits": (rng.standard_normal((m, v)) * 3).astype(F32), "slot": None, "n_real": None,
             "temperature": np.full(m, temperature, F32), "top_k": np.full(m, top_k, I32),
             "top_p": np.full(m, top_p, F32), "seed": rng.integers(0, 2**31 - 1, m).astype(I32),
@@ -317,8 +323,8 @@ def main() -> int:
     rng = np.random.default_rng(2026)
     calls = [KernelCall("attention_decode", dims=attn_scalars("B", b, c // S)) for b in (1, 8) for c in (512, 4096)]
     calls += [KernelCall("attention_prefill", dims=attn_scalars("L", L, L // S)) for L in (512, 2048)]
-    calls += [KernelCall("sample", dims={"M": m, "V": 128256, "n_eos": 0, "max_out": 4096}) for m in (1, 8)]
-    sass = dev.load(sorted({select(c, dev.target).kernel for c in calls}))
+    kernels = {select(c, dev.target).kernel for c in calls} | {c.kernel for m in (1, 8) for c in sample_choices(m, dev.target)}
+    sass = dev.load(sorted(kernels))
     for kernel, c in sorted(sass.items()):
         print(f"sass {kernel}: {c['HMMA']} HMMA, {c['LDL/STL']} local-memory instructions")
 
@@ -332,8 +338,9 @@ def main() -> int:
         print(rows[-1], flush=True)
     for m in (1, 8):
         for mode in ("greedy", "top_p", "top_k+top_p"):
-            rows.append(sample_case(dev, rng, m, mode))
-            print(rows[-1], flush=True)
+            for choice in sample_choices(m, dev.target):
+                rows.append(sample_case(dev, rng, m, mode, choice))
+                print(rows[-1], flush=True)
 
     out_dir = Path(os.environ.get("OUT", "."))
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,9 @@ from grokc.artifacts.plan import BufferKind, Launch
 from grokc.runner import cuda_driver as cd
 from grokc.targets import rules_attention, rules_linear
 from grokc.targets.archs import get_target
+from grokc.targets.base import KernelCall, Target
 from grokc.targets.nvcc import build_cubin
+from grokc.targets.select import RULES
 
 from profile_plan import busy_runner, replay_us, use_kernels
 
@@ -39,9 +41,10 @@ def parse_variant(text: str) -> tuple[str, list[tuple[str, str]]]:
     return name, subs
 
 
-def swapped(launch: Launch, symbol: str) -> Launch:
+def swapped(launch: Launch, symbol: str, target: Target) -> Launch:
     """``launch`` running ``symbol`` instead, with the launch shape (and, for decode attention, the
-    programmatic edge) a gemv2 or decode-attention variant needs."""
+    programmatic edge) a gemv2 or decode-attention variant needs; any other symbol takes the shape
+    of the op's rule that chooses it for this call (e.g. ``sample_rows_c1`` for ``sample_rows_c8``)."""
     if symbol == launch.kernel:
         return launch
     dims = {a.param: a.value for a in launch.args}
@@ -52,6 +55,10 @@ def swapped(launch: Launch, symbol: str) -> Launch:
         return dataclasses.replace(launch, kernel=symbol, grid=(int(dims["n_kv_heads"]) * cs, int(dims["B"]), 1),
                                    block=(32 * w, 1, 1), smem=rules_attention.decode_mma_smem(d, w, st),
                                    pdl=m.group(5) is not None)  # _early waits inside: a programmatic edge
+    call = KernelCall(launch.op, dict(launch.attrs), {k: v for k, v in dims.items() if v is not None})
+    for rule in RULES[launch.op]:
+        if (c := rule(call, target)) is not None and c.kernel == symbol:
+            return dataclasses.replace(launch, kernel=symbol, grid=c.grid, block=c.block, smem=c.smem, pdl=c.pdl)
     return dataclasses.replace(launch, kernel=symbol)
 
 
@@ -78,7 +85,7 @@ def main() -> None:
     graphs = {}
     for name, syms in kernels.items():
         use_kernels(ex, cubins[name])
-        graphs[name] = cd.Graph([ex._resolve(g, swapped(launch, sym)) for launch, sym in zip(g.launches, syms)])
+        graphs[name] = cd.Graph([ex._resolve(g, swapped(launch, sym, target)) for launch, sym in zip(g.launches, syms)])
     io = {n: ex.read(n).copy() for n, b in plan.buffers.items() if b.kind is BufferKind.IO}
 
     def time_once(graph: cd.Graph) -> float:

@@ -4,8 +4,10 @@
 Same module protocol as ``rules_attention``: ``RULES`` (op -> ordered rules, fallback last),
 ``HEADERS`` and ``kernel_source(symbol)``.
 
-- sample: ``sample_block``, one block of 1024 threads per row, for vocabularies up to 262144
-  (2048 chunks of 128 tokens in the final walk). Larger vocabularies have no kernel yet.
+- sample: ``sample_cluster`` (sm_90+): a cluster of ``SAMPLE_CLUSTER`` blocks of 1024 threads per
+  row, each holding a slice of the row in shared memory, then ``sample_block``: one block per row
+  that re-reads the row from L2 on every pass. Both for vocabularies up to 262144 (2048 chunks of
+  128 tokens in the final walk); larger vocabularies have no kernel yet.
 - embedding / take_last: 16-byte copies when ``hidden % 8 == 0``, else a per-element fallback.
   Quantized tables (``attrs["weight_format"]``): q4 reads 16 bytes (32 codes) per thread step when
   ``hidden % 32 == 0``, else one 32-bit word (the layout needs ``hidden % 8 == 0``; no fallback
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from .base import KernelCall, KernelChoice, KernelRule, Target, c_params
 
-HEADERS: tuple[str, ...] = ("pdl.cuh", "sample.cuh", "misc.cuh")
+HEADERS: tuple[str, ...] = ("pdl.cuh", "cluster.cuh", "sample.cuh", "misc.cuh")
 
 _PTR_TYPES = {
     "embedding": {"out": "half*", "tokens": "const int*", "table": "const void*", "scales": "const half*",
@@ -31,6 +33,9 @@ _PTR_TYPES = {
 }
 SAMPLE_THREADS = 1024
 SAMPLE_MAX_VOCAB = 2048 * 128  # grokc_sample::kMaxVocab
+SAMPLE_CLUSTER = 8             # blocks per row of sample_cluster (a portable cluster size)
+SAMPLE_CHUNK = 128             # grokc_sample::kChunk
+SAMPLE_STATIC_SMEM = 20 * 1024  # grokc_sample::Shared<SAMPLE_CLUSTER> rounded up (ptxas: 20032 bytes)
 
 
 def _copy_block(width: int) -> tuple[int, int, int]:
@@ -38,10 +43,27 @@ def _copy_block(width: int) -> tuple[int, int, int]:
     return (min(256, max(32, -(-width // 32) * 32)), 1, 1)
 
 
+def sample_slice_len(vocab: int, cluster: int) -> int:
+    """Tokens each block of a ``cluster`` stages: whole chunks (grokc_sample::slice_len)."""
+    per_block = -(-vocab // cluster)
+    return -(-per_block // SAMPLE_CHUNK) * SAMPLE_CHUNK
+
+
+def sample_cluster(call: KernelCall, target: Target) -> KernelChoice | None:
+    vocab = int(call.dims["V"])
+    if target.sm < 90 or not 0 < vocab <= SAMPLE_MAX_VOCAB:
+        return None
+    smem = sample_slice_len(vocab, SAMPLE_CLUSTER) * 4
+    if smem + SAMPLE_STATIC_SMEM > target.smem_per_block:
+        return None
+    return KernelChoice(f"sample_rows_c{SAMPLE_CLUSTER}", (int(call.dims["M"]) * SAMPLE_CLUSTER, 1, 1),
+                        (SAMPLE_THREADS, 1, 1), smem, "sample_cluster")
+
+
 def sample_block(call: KernelCall, target: Target) -> KernelChoice | None:
     if not 0 < int(call.dims["V"]) <= SAMPLE_MAX_VOCAB:
         return None
-    return KernelChoice("sample_rows_t1024", (int(call.dims["M"]), 1, 1), (SAMPLE_THREADS, 1, 1), 0, "sample_block")
+    return KernelChoice("sample_rows_c1", (int(call.dims["M"]), 1, 1), (SAMPLE_THREADS, 1, 1), 0, "sample_block")
 
 
 def _embedding_rule(fmt: str, width: int):
@@ -75,13 +97,14 @@ def take_last_v1(call: KernelCall, target: Target) -> KernelChoice | None:
 
 
 RULES: dict[str, list[KernelRule]] = {
-    "sample": [sample_block],
+    "sample": [sample_cluster, sample_block],
     "embedding": [embedding_v8, embedding_v1, embedding_q8_v8, embedding_q8_v1, embedding_q4_w4, embedding_q4_w1],
     "take_last": [take_last_v8, take_last_v1],
 }
 
 _SOURCES = {
-    "sample_rows_t1024": ("sample", "grokc_sample::sample_rows", SAMPLE_THREADS),
+    "sample_rows_c1": ("sample", "grokc_sample::sample_rows<1>", SAMPLE_THREADS),
+    f"sample_rows_c{SAMPLE_CLUSTER}": ("sample", f"grokc_sample::sample_rows<{SAMPLE_CLUSTER}>", SAMPLE_THREADS),
     "embedding_v8": ("embedding", "grokc_misc::embedding_rows<8>", 256),
     "embedding_v1": ("embedding", "grokc_misc::embedding_rows<1>", 256),
     "embedding_q8_v8": ("embedding", "grokc_misc::embedding_q8_rows<8>", 256),
@@ -99,5 +122,6 @@ def kernel_source(symbol: str) -> str | None:
         return None
     op, body, threads = _SOURCES[symbol]
     decl, args = c_params(op, _PTR_TYPES[op])
-    return (f'extern "C" __global__ void __launch_bounds__({threads}) {symbol}({decl}) {{\n'
+    cluster = f"__cluster_dims__({SAMPLE_CLUSTER}, 1, 1) " if symbol == f"sample_rows_c{SAMPLE_CLUSTER}" else ""
+    return (f'extern "C" __global__ void {cluster}__launch_bounds__({threads}) {symbol}({decl}) {{\n'
             f"  grokc_pdl_entry();\n  {body}({args});\n}}\n")

@@ -23,6 +23,7 @@
 
 #include "attention_common.cuh"
 #include "attention_prefill.cuh"  // attend_ref, rotate_pair_h
+#include "cluster.cuh"
 
 namespace grokc_attn {
 
@@ -39,26 +40,7 @@ struct DecodeMma {
   static_assert(CS == 1 || CS == 2 || CS == 4 || CS == 8, "portable cluster sizes only");
 };
 
-// -- clusters (sm_90+) ----------------------------------------------------------------------------
-
-__device__ __forceinline__ int cluster_rank() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return static_cast<int>(r);
-#else
-  return 0;
-#endif
-}
-
-__device__ __forceinline__ void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // not .aligned: callers reach it right after divergent loops
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-#else
-  __trap();
-#endif
-}
+// -- clusters (sm_90+; cluster.cuh has the rank and the barrier) -----------------------------------
 
 // local[i] of block `rank` of this cluster.
 __device__ __forceinline__ float ld_cluster(const float* local, int rank) {
@@ -89,7 +71,7 @@ __device__ __forceinline__ void attention_decode_mma(
   float* comb = reinterpret_cast<float*>(stages + W * ST * SU);  // this block's partial
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
-  const int b = blockIdx.y, kvh = blockIdx.x / CS, rank = CS > 1 ? cluster_rank() : 0;
+  const int b = blockIdx.y, kvh = blockIdx.x / CS, rank = CS > 1 ? grokc_cluster_rank() : 0;
   const int group = n_heads / n_kv_heads;
   half* orow = out + (size_t)b * n_heads * D + (size_t)kvh * group * D;  // [group * D]
   const int p = __ldg(positions + b);
@@ -279,7 +261,7 @@ __device__ __forceinline__ void attention_decode_mma(
     }
   }
   if constexpr (CS > 1) {
-    cluster_sync();  // every block's partial is in its comb
+    grokc_cluster_sync();  // every block's partial is in its comb
     const int per = (n_items + CS - 1) / CS;
     const int hi = min(n_items, (rank + 1) * per);
     for (int it = rank * per + tid; it < hi; it += T) {
@@ -299,7 +281,7 @@ __device__ __forceinline__ void attention_decode_mma(
       }
       orow[it] = __float2half_rn(sum > 0.f ? acc / sum : 0.f);
     }
-    cluster_sync();  // keep this block's shared memory alive until the others have read it
+    grokc_cluster_sync();  // keep this block's shared memory alive until the others have read it
   }
 }
 

@@ -52,7 +52,7 @@ def test_trace_plan_timeline_is_consistent(artifact):
 
 def test_plan_variants_rewrites_only_what_it_names(artifact):
     d = run_script("plan_variants.py", str(artifact), "--batch", "1", "--context", "16", "--reps", "5", "--rounds", "2",
-                   "--variant", "same=^(sample_rows_t1024)$=>\\1", "--variant", "no_t1=^(linear_gemv2\\w+)t1$=>\\1")
+                   "--variant", "same=^(sample_rows_c\\d+)$=>\\1", "--variant", "no_t1=^(linear_gemv2\\w+)t1$=>\\1")
     v = d["variants"]
     assert v["base"]["changed"] == [] and v["same"]["changed"] == []
     assert v["no_t1"]["changed"] and all(s.startswith("linear_gemv2") and not s.endswith("t1")

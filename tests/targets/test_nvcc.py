@@ -145,7 +145,7 @@ def test_sparse_residual_kernels_compile(arch: str):
         assert sym.encode() + b"\0" in cubin
 
 
-TRACED = ["linear_ref_q4_none_f16", "attn_decode_ref", "sample_rows_t1024"]
+TRACED = ["linear_ref_q4_none_f16", "attn_decode_ref", "sample_rows_c8"]
 
 
 def test_traced_translation_unit_opens_a_scope_per_entry_point():

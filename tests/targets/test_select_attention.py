@@ -115,7 +115,10 @@ def test_decode_falls_back_for_wide_groups_and_odd_head_dims():
 def test_sample_embedding_take_last_choices():
     sm90 = get_target("sm90")
     c = select(KernelCall("sample", dims=dict(M=8, V=128256, n_eos=1, max_out=9)), sm90)
-    assert (c.kernel, c.grid, c.block, c.smem) == ("sample_rows_t1024", (8, 1, 1), (1024, 1, 1), 0)
+    # 8 blocks a row, each staging ceil(128256 / 8) = 16032 tokens rounded up to whole 128-token chunks
+    assert (c.kernel, c.grid, c.block, c.smem) == ("sample_rows_c8", (64, 1, 1), (1024, 1, 1), 126 * 128 * 4)
+    c = select(KernelCall("sample", dims=dict(M=8, V=128256, n_eos=1, max_out=9)), get_target("sm80"))
+    assert (c.kernel, c.grid, c.block, c.smem) == ("sample_rows_c1", (8, 1, 1), (1024, 1, 1), 0)
     with pytest.raises(UnsupportedOp):
         select(KernelCall("sample", dims=dict(M=1, V=rm.SAMPLE_MAX_VOCAB + 1, n_eos=1, max_out=9)), sm90)
     assert select(KernelCall("embedding", dims=dict(n=7, hidden=576, vocab=10)), sm90).grid == (7, 1, 1)
