@@ -121,13 +121,13 @@ __device__ __forceinline__ void load4(const Slice& s, int j0, float (&x)[4]) {
   }
 }
 
-// f(j, x, valid) for every element of the slice (j its index in the row), each thread its share.
-// Whole warps run every iteration (valid false past the end), so f may use warp collectives.
+// f(j, x, valid) for every element of the slice (j its index in the row), each thread its share in
+// groups of 4; valid is false for the padding of the last group.
 template <int CS, class F>
 __device__ __forceinline__ void for_slice(const Slice& s, F&& f) {
-  const int span = ((s.n + 3) / 4 + 31) / 32 * 32;
+  const int groups = (s.n + 3) / 4;
 #pragma unroll 2
-  for (int g = threadIdx.x; g < span; g += kThreads) {
+  for (int g = threadIdx.x; g < groups; g += kThreads) {
     float x[4];
     load4<CS>(s, 4 * g, x);
 #pragma unroll
