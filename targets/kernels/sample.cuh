@@ -226,16 +226,16 @@ __device__ __forceinline__ uint32_t radix_select(const Slice& sl, Shared<CS>& sh
     });
     __syncthreads();
     if constexpr (CS > 1) {
-      const int share = nb / CS;
+      const int share = nb / CS, first_bin = grokc_cluster_rank() * share;
       grokc_cluster_sync();
       for (int i = tid; i < share; i += kThreads) {
         unsigned long long s = 0;
 #pragma unroll
-        for (int r = 0; r < CS; ++r) s += *grokc_cluster_map(&sh.hist[grokc_cluster_rank() * share + i], r);
+        for (int r = 0; r < CS; ++r) s += at_rank<CS>(sh.hist[first_bin + i], r);
         sh.part[i] = s;
       }
       grokc_cluster_sync();
-      for (int i = tid; i < nb; i += kThreads) sh.hist[i] = *grokc_cluster_map(&sh.part[i % share], i / share);
+      for (int i = tid; i < nb; i += kThreads) sh.hist[i] = at_rank<CS>(sh.part[i % share], i / share);
       __syncthreads();
     }
     unsigned long long total;
