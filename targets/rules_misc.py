@@ -32,9 +32,9 @@ _PTR_TYPES = {
     },
 }
 SAMPLE_THREADS = 1024
-SAMPLE_MAX_VOCAB = 2048 * 128  # grokc_sample::kMaxVocab
-SAMPLE_CLUSTER = 8             # blocks per row of sample_cluster (a portable cluster size)
 SAMPLE_CHUNK = 128             # grokc_sample::kChunk
+SAMPLE_MAX_VOCAB = 2048 * SAMPLE_CHUNK  # grokc_sample::kMaxVocab
+SAMPLE_CLUSTER = 8             # blocks per row of sample_cluster (a portable cluster size)
 SAMPLE_STATIC_SMEM = 20 * 1024  # grokc_sample::Shared<SAMPLE_CLUSTER> rounded up (ptxas: 20032 bytes)
 
 
