@@ -49,7 +49,8 @@ def swapped(launch: Launch, symbol: str, target: Target) -> Launch:
         return launch
     dims = {a.param: a.value for a in launch.args}
     if isinstance(v := rules_linear.parse(symbol), rules_linear.Gemv2):
-        return dataclasses.replace(launch, kernel=symbol, smem=v.smem(int(dims["M"]), int(dims["K"])))
+        return dataclasses.replace(launch, kernel=symbol, grid=(v.blocks(int(dims["N"])), 1, 1),
+                                   block=(v.threads, 1, 1), smem=v.smem(int(dims["M"]), int(dims["K"])))
     if m := rules_attention.DECODE_MMA.fullmatch(symbol):
         d, w, st, cs = map(int, m.groups()[:4])
         return dataclasses.replace(launch, kernel=symbol, grid=(int(dims["n_kv_heads"]) * cs, int(dims["B"]), 1),

@@ -32,11 +32,12 @@ def test_decode_attention_early_variant_gets_its_edge_and_shape():
     assert plain.grid == (16, 1, 1) and plain.smem == rules_attention.decode_mma_smem(64, 8, 4)
 
 
-def test_gemv2_variant_gets_its_shared_memory_and_keeps_its_edge():
-    args = (Arg("M", value=4), Arg("K", value=2048))
+def test_gemv2_variant_gets_its_launch_shape_and_keeps_its_edge():
+    args = (Arg("M", value=4), Arg("N", value=2048), Arg("K", value=2048))
     base = Launch("linear", "linear_gemv2_q4_none_f16_r1k8w1d2p1n0b0", (128, 1, 1), (256, 1, 1), 1, args, pdl=True)
     v = plan_variants.swapped(base, "linear_gemv2_q4_none_f16_r1k8w2d2p1n1b0", SM90)
     assert v.smem == rules_linear.parse("linear_gemv2_q4_none_f16_r1k8w2d2p1n1b0").smem(4, 2048) != base.smem
+    assert v.grid == (2048 // 32, 1, 1) and v.block == (512, 1, 1)   # 2 warps along N of 16 rows each
     assert v.pdl is True and v.kernel.endswith("n1b0")
     assert plan_variants.swapped(base, base.kernel, SM90) is base
 
