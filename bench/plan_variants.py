@@ -43,7 +43,7 @@ def parse_variant(text: str) -> tuple[str, list[tuple[str, str]]]:
 
 def swapped(launch: Launch, symbol: str, target: Target) -> Launch:
     """``launch`` running ``symbol`` instead, with the launch shape (and, for decode attention, the
-    programmatic edge) a gemv2 or decode-attention variant needs; any other symbol takes the shape
+    programmatic edge) a gemv2, linear_rows or decode-attention variant needs; any other symbol takes the shape
     of the op's rule that chooses it for this call (e.g. ``sample_rows_c1`` for ``sample_rows_c8``)."""
     if symbol == launch.kernel:
         return launch
@@ -51,6 +51,9 @@ def swapped(launch: Launch, symbol: str, target: Target) -> Launch:
     if isinstance(v := rules_linear.parse(symbol), rules_linear.Gemv2):
         return dataclasses.replace(launch, kernel=symbol, grid=(v.blocks(int(dims["N"])), 1, 1),
                                    block=(v.threads, 1, 1), smem=v.smem(int(dims["M"]), int(dims["K"])))
+    if isinstance(v, rules_linear.Rows):
+        return dataclasses.replace(launch, kernel=symbol, grid=(v.blocks(int(dims["N"]), target.num_sms), 1, 1),
+                                   block=(v.threads, 1, 1), smem=v.smem(int(dims["K"])))
     if m := rules_attention.DECODE_MMA.fullmatch(symbol):
         d, w, st, cs = map(int, m.groups()[:4])
         return dataclasses.replace(launch, kernel=symbol, grid=(int(dims["n_kv_heads"]) * cs, int(dims["B"]), 1),

@@ -35,7 +35,7 @@ from .base import KernelCall, KernelChoice, Target
 
 HEADERS: tuple[str, ...] = (
     "common.cuh", "pdl.cuh", "linear_common.cuh", "linear_gemv2.cuh", "linear_gemv.cuh", "linear_gemm.cuh",
-    "linear_ref.cuh",
+    "linear_ref.cuh", "linear_rows.cuh",
 )
 
 GEMV_MAX_M = 16
@@ -223,6 +223,38 @@ class Ref:
                 f"{{ grokc::ref::linear_ref<{_cpp_common(self.wf, self.act, self.out)}>(GROKC_LINEAR_ARGS); }}\n")
 
 
+@dataclass(frozen=True)
+class Rows:
+    """``linear_rows_f16_none_<out>_w<W>u<U>b<B>[t1]`` (``kernels/linear_rows.cuh``): M = 1, f16
+    weights, act none; one warp per row, U 16-byte loads per lane in flight, a persistent grid."""
+
+    out: str
+    w: int     # warps per block
+    u: int     # 16-byte loads per lane in flight
+    minb: int  # blocks per SM the launch bounds ask for (the grid is num_sms * minb)
+    tr: int = 0  # the next launch may start: 0 at entry, 1 after griddepcontrol.wait
+
+    @property
+    def symbol(self) -> str:
+        return f"linear_rows_f16_none_{self.out}_w{self.w}u{self.u}b{self.minb}" + (f"t{self.tr}" if self.tr else "")
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.w
+
+    def blocks(self, n: int, num_sms: int) -> int:
+        return min(-(-n // self.w), num_sms * self.minb)
+
+    def smem(self, k: int) -> int:
+        """Dynamic shared memory, as linear_rows.cuh lays it out: x, then the warps' sums of squares."""
+        return 2 * k + 4 * self.w
+
+    def source(self) -> str:
+        return (f'extern "C" __global__ void {_bounds(self.threads, self.minb)} {self.symbol}(GROKC_LINEAR_PARAMS) '
+                f"{{ grokc::rows::linear_rows<{self.w}, {self.u}, {'true' if self.out == 'f32' else 'false'}, "
+                f"{self.tr}>(GROKC_LINEAR_ARGS); }}\n")
+
+
 _COMMON = r"(?P<wf>f16|q4g|q4|q8)_(?P<act>none|silu)_(?P<out>f16|f32)"
 _GEMV_RE = re.compile(rf"linear_gemv_{_COMMON}_m(?P<mt>\d+)k(?P<ks>\d+)r(?P<rg>\d+)u(?P<u>\d+)b(?P<b>\d+)")
 _GEMV2_RE = re.compile(
@@ -230,10 +262,15 @@ _GEMV2_RE = re.compile(
 _GEMM_RE = re.compile(
     rf"linear_gemm_{_COMMON}_m(?P<bm>\d+)n(?P<bn>\d+)w(?P<wm>\d+)x(?P<wn>\d+)s(?P<st>\d+)b(?P<b>\d+)")
 _REF_RE = re.compile(rf"linear_ref_{_COMMON}")
+_ROWS_RE = re.compile(r"linear_rows_f16_none_(?P<out>f16|f32)_w(?P<w>\d+)u(?P<u>\d+)b(?P<b>\d+)(?:t(?P<tr>\d))?")
 
 
-def parse(symbol: str) -> Gemv2 | Gemv | Gemm | Ref | None:
+def parse(symbol: str) -> Gemv2 | Gemv | Gemm | Ref | Rows | None:
     """The variant a linear kernel symbol names, or None if it is not a valid one."""
+    if m := _ROWS_RE.fullmatch(symbol):
+        rows = Rows(m["out"], int(m["w"]), int(m["u"]), int(m["b"]), int(m["tr"] or 0))
+        ok = 1 <= rows.w <= 32 and 1 <= rows.u <= 16 and 1 <= rows.minb <= 8 and rows.tr in (0, 1)
+        return rows if ok and rows.symbol == symbol else None
     if m := _GEMV2_RE.fullmatch(symbol):
         v2 = Gemv2(m["wf"], m["act"], m["out"], int(m["r"]), int(m["ks"]), int(m["wn"]), int(m["d"]), int(m["pf"]),
                    int(m["nl"]), int(m["b"]), int(m["tr"] or 0))
@@ -438,4 +475,26 @@ def rule_ref(call: KernelCall, target: Target) -> KernelChoice | None:
     return KernelChoice(v.symbol, (math.ceil(lin.n / REF_THREADS), lin.m, 1), (REF_THREADS, 1, 1), 0, "linear.ref")
 
 
-RULES = {"linear": [rule_gemv2, rule_gemv, rule_gemm, rule_ref]}
+ROWS_MIN_N = 32768  # rows from which a batch-1 f16 GEMV (an LM head) runs linear_rows
+
+
+def rule_rows(call: KernelCall, target: Target) -> KernelChoice | None:
+    """A batch-1 f16 LM head: ``linear_rows``, one warp per row reading 512 contiguous bytes per
+    instruction, 8 warps a block, 4 blocks per SM (64 registers: 8 loads of 16 bytes per lane in
+    flight), the grid one wave of them. Its reads are as TVM dlight's GEMV makes them, which streams
+    the 1B shape's head at 4.5 TB/s where gemv2 (MMA fragments: 64 bytes of 8 rows per instruction)
+    reaches 4.1. Smaller or quantised matrices stay with gemv2, whose split-K and dequantisation
+    this kernel does not have."""
+    if call.op != "linear" or (lin := _linear(call)) is None:
+        return None
+    if lin.fmt != "f16" or lin.act != "none" or lin.m != 1 or lin.n < ROWS_MIN_N:
+        return None
+    v = Rows(lin.out, 8, min(8, -(-lin.k // 256)), 4)
+    smem = v.smem(lin.k)
+    if smem > target.smem_per_block:
+        return None
+    return KernelChoice(v.symbol, (v.blocks(lin.n, target.num_sms), 1, 1), (v.threads, 1, 1), smem, "linear.rows",
+                        pdl=target.has_pdl)
+
+
+RULES = {"linear": [rule_rows, rule_gemv2, rule_gemv, rule_gemm, rule_ref]}

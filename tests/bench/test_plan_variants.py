@@ -42,6 +42,13 @@ def test_gemv2_variant_gets_its_launch_shape_and_keeps_its_edge():
     assert plan_variants.swapped(base, base.kernel, SM90) is base
 
 
+def test_rows_variant_gets_a_wave_of_blocks():
+    args = (Arg("M", value=1), Arg("N", value=128256), Arg("K", value=2048))
+    base = Launch("linear", "linear_gemv2_f16_none_f32_r2k1w4d3p2n0b0", (1002, 1, 1), (128, 1, 1), 1, args, pdl=True)
+    v = plan_variants.swapped(base, "linear_rows_f16_none_f32_w16u8b2", SM90)
+    assert (v.grid, v.block, v.smem, v.pdl) == ((SM90.num_sms * 2, 1, 1), (512, 1, 1), 2 * 2048 + 4 * 16, True)
+
+
 def test_other_ops_take_the_shape_of_the_rule_that_chooses_the_symbol():
     """The one-block sampler in place of the cluster one: one block a row and no staged slice."""
     args = (Arg("M", value=2), Arg("V", value=128256), Arg("n_eos", value=1), Arg("max_out", value=9))

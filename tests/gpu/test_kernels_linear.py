@@ -14,7 +14,7 @@ zero-points here, as the quantize pass stores them, so (code - 128) - (zero - 12
 and its zeros cost nothing: 2e-3 with and without. Also ``max |got - want| <= 20 * tol *
 rms(want)``, so a few badly wrong elements cannot hide in the norm.
 
-Covered: every family (gemv2 M <= 8, gemv M <= 16, gemm, the fp32 fallback), f16 / int4 per-channel / with
+Covered: every family (linear_rows for batch-1 f16 heads, gemv2 M <= 8, gemv M <= 16, gemm, the fp32 fallback), f16 / int4 per-channel / with
 zeros / groups of 32 and 128, int8 per channel with and without zeros (gemv2 at M <= 8, the fallback
 past it and for groups of 64), none / silu_mul, f16 / f32 out, with and without norm, residual and
 ``addend`` (the sparse residual's f32 product, added before the activation),
@@ -145,7 +145,10 @@ Q8_CASES = [(m, n, k, fmt, "none", "f32", norm, False, False)
     [(3, 100, 576, "q8z", "silu_mul", "f16", True, True, True), (7, 200, 1536, "q8", "none", "f16", False, True, True),
      (1, 24, 48, "q8", "silu_mul", "f32", True, False, False), (3, 100, 40, "q8z", "none", "f16", True, True, False),
      (2, 300, 576, "q8g64z", "none", "f32", True, False, True), (16, 200, 2048, "q8g64z", "silu_mul", "f16", False, True, False)]
-CASES = _cases() + Q8_CASES
+# The f16 LM heads at batch 1 (linear_rows) with the final norm, as the models run them.
+HEAD_CASES = [(1, 128256, 2048, "f16", "none", "f32", True, False, False),
+              (1, 49152, 576, "f16", "none", "f32", True, False, False)]
+CASES = _cases() + Q8_CASES + HEAD_CASES
 
 
 def kernel_wf(fmt: str) -> str:
@@ -190,6 +193,21 @@ def _gemv2_variant_cases() -> list[tuple]:
     return cases
 
 
+def _rows_variant_cases() -> list[tuple]:
+    """linear_rows tilings (M = 1, f16, act none): K of one round, of several (K > 256 U), with a
+    partial round and of one chunk; grids of 3 blocks (every warp strides over many rows) and full."""
+    cases = []
+    tilings = [(8, 8, 4, 0), (4, 2, 2, 1), (1, 1, 1, 0), (8, 3, 4, 0), (16, 4, 1, 0)]
+    shapes = [(1000, 2048), (333, 576), (77, 40), (50, 8200), (10, 8)]
+    for i, (w, u, b, tr) in enumerate(tilings):
+        for j, (n, k) in enumerate(shapes):
+            v = rules_linear.Rows(("f16", "f32")[(i + j) % 2], w, u, b, tr)
+            grid = 3 if (i + j) % 2 else v.blocks(n, 132)
+            cases.append((v, n, k, grid, (i + j) % 3 != 0, (i + 2 * j) % 3 == 0, (2 * i + j) % 4 == 0))
+    return cases
+
+
+ROWS_CASES = _rows_variant_cases()
 GEMV_CASES = _gemv_variant_cases()
 GEMV2_CASES = _gemv2_variant_cases()
 GEMM_CASES = _gemm_variant_cases()
@@ -200,7 +218,7 @@ def _symbols(test: str, param, sm: int) -> set[str]:
     """The kernels one test of this module launches."""
     if test == "test_selected_kernel":
         return {choose(*make_case(seeded(param), *param), sm).kernel}
-    if test in ("test_gemv_tilings", "test_gemm_tilings", "test_gemv2_tilings"):
+    if test in ("test_gemv_tilings", "test_gemm_tilings", "test_gemv2_tilings", "test_rows_tilings"):
         return {param[0].symbol}
     if test == "test_out_aliases_residual":
         return {choose(*make_case(seeded(0), param, 64, 2048, "q4", "none", "f16", True, True), sm).kernel}
@@ -262,6 +280,15 @@ def test_gemv2_tilings(case, cubins, sm):
     got = _run(cubins, v.symbol, (v.blocks(n), 1, 1), (v.threads, 1, 1), v.smem(m, k), args)
     check(got, oracle(args, attrs), TOL[fmt],
           f"{v.symbol} M={m} N={n} K={k} {fmt} norm={norm} residual={residual} addend={addend}")
+
+
+@pytest.mark.parametrize("case", ROWS_CASES, ids=lambda c: f"{c[0].symbol}-N{c[1]}-K{c[2]}-g{c[3]}")
+def test_rows_tilings(case, cubins, sm):
+    v, n, k, grid, norm, residual, addend = case
+    args, attrs = make_case(seeded(v.symbol, n, k, grid), 1, n, k, "f16", "none", v.out, norm, residual, addend)
+    got = _run(cubins, v.symbol, (grid, 1, 1), (v.threads, 1, 1), v.smem(k), args)
+    check(got, oracle(args, attrs), TOL["f16"],
+          f"{v.symbol} N={n} K={k} grid={grid} norm={norm} residual={residual} addend={addend}")
 
 
 @pytest.mark.parametrize("case", GEMM_CASES, ids=lambda c: c[0].symbol)

@@ -30,7 +30,11 @@ def check_launch(c, m: int, n: int, k: int, act: str, target) -> None:
     threads = c.block[0] * c.block[1] * c.block[2]
     assert c.block == (threads, 1, 1) and 32 <= threads <= 1024
     assert 0 <= c.smem <= target.smem_per_block
-    if isinstance(v, rules_linear.Gemv2):
+    if isinstance(v, rules_linear.Rows):
+        assert c.grid[1:] == (1, 1) and c.grid[0] == min(-(-n // v.w), target.num_sms * v.minb)
+        assert c.smem == v.smem(k) and threads == v.threads and m == 1
+        assert c.pdl == target.has_pdl
+    elif isinstance(v, rules_linear.Gemv2):
         assert c.grid[1:] == (1, 1) and v.blocks(n) == c.grid[0]
         assert (c.grid[0] - 1) * v.cols < n <= c.grid[0] * v.cols
         assert c.smem == v.smem(m, k) and threads == v.threads
@@ -57,6 +61,8 @@ def test_model_shapes(arch: str, m: int):
     for k, n, act, wf, out in LLAMA_1B + SMOLLM2:
         c = select(call(m, n, k, act, wf, out), target)
         want = "linear.gemv2" if m <= 8 else "linear.gemv" if m <= 16 else "linear.gemm"
+        if m == 1 and wf == "f16" and n >= rules_linear.ROWS_MIN_N:
+            want = "linear.rows"  # the batch-1 LM heads
         if want == "linear.gemv2" and (m + 1) * k * 2 > target.smem_per_block:
             want = "linear.gemv"  # x does not fit a block's shared memory (K = 8192 at M = 8 on 99 KB parts)
         assert c.rule == want, (m, n, k, c)
@@ -88,6 +94,20 @@ def test_rule_order():
     assert select(call(100, 64, 576, gs=128), t).kernel.startswith("linear_gemm_q4g_")
 
 
+def test_rows_takes_only_batch1_f16_heads():
+    t = get_target("sm90")
+    head = select(call(1, 128256, 2048, wf="f16", out="f32"), t)
+    assert head.kernel == "linear_rows_f16_none_f32_w8u8b4" and head.rule == "linear.rows"
+    assert head.grid == (t.num_sms * 4, 1, 1) and head.block == (256, 1, 1) and head.smem == 2 * 2048 + 32
+    assert select(call(1, 49152, 576, wf="f16", out="f32"), t).kernel == "linear_rows_f16_none_f32_w8u3b4"
+    assert select(call(1, 40000, 8, wf="f16", out="f16"), t).kernel == "linear_rows_f16_none_f16_w8u1b4"
+    assert select(call(2, 128256, 2048, wf="f16"), t).rule == "linear.gemv2"       # M > 1
+    assert select(call(1, 128256, 2048, wf="q8"), t).rule == "linear.gemv2"        # quantised
+    assert select(call(1, 32768, 2048, "silu_mul", wf="f16"), t).rule == "linear.gemv2"
+    assert select(call(1, rules_linear.ROWS_MIN_N - 1, 2048, wf="f16"), t).rule == "linear.gemv2"
+    assert not select(call(1, 128256, 2048, wf="f16"), get_target("sm80")).pdl
+
+
 def test_symbols_encode_the_variant():
     t = get_target("sm90")
     c = select(call(1, 8192, 2048, "silu_mul", "q4", "f32"), t)
@@ -100,7 +120,8 @@ def test_symbols_encode_the_variant():
 
 def test_parse_round_trip_and_rejects():
     for sym in ["linear_gemv_q4_none_f16_m8k8r1u2b0", "linear_gemm_q4g_silu_f32_m64n128w2x4s3b2",
-                "linear_ref_f16_silu_f16", "linear_gemv2_q4g_silu_f32_r2k4w2d3p2n1b0"]:
+                "linear_ref_f16_silu_f16", "linear_gemv2_q4g_silu_f32_r2k4w2d3p2n1b0",
+                "linear_rows_f16_none_f32_w8u8b4", "linear_rows_f16_none_f16_w4u2b2t1"]:
         v = rules_linear.parse(sym)
         assert v is not None and v.symbol == sym
         assert rules_linear.kernel_source(sym).startswith('extern "C" __global__')
@@ -114,7 +135,11 @@ def test_parse_round_trip_and_rejects():
                 "linear_gemv2_q4_none_f16_r4k1w1d3p1n0b0",   # 96 ring registers
                 "linear_gemv2_q4_none_f16_r1k1w1d2p3n0b0",   # no 512-byte prefetch
                 "linear_gemv2_q4_none_f16_r1k1w1d2p1n2b0",
-                "linear_gemv2_q4_none_f16_r1k2w1d4b0"]:      # the knobs are not optional
+                "linear_gemv2_q4_none_f16_r1k2w1d4b0",       # the knobs are not optional
+                "linear_rows_q4_none_f16_w8u8b4",            # f16 weights only
+                "linear_rows_f16_silu_f16_w8u8b4",           # no activation
+                "linear_rows_f16_none_f32_w8u8b0",           # a grid of no blocks per SM
+                "linear_rows_f16_none_f32_w64u8b1"]:         # 2048 threads
         assert rules_linear.parse(bad) is None, bad
         assert rules_linear.kernel_source(bad) is None
 
@@ -129,7 +154,7 @@ def test_gemv2_smem_and_tiling():
     t = get_target("sm90")
     # measured choices: LM head whole rows with the 256-byte prefetch; past M = 4 gate_up doubles
     # the warps along N and the others take the norm in registers
-    assert select(call(1, 128256, 2048, wf="f16", out="f32"), t).kernel == "linear_gemv2_f16_none_f32_r2k1w4d3p2n0b0"
+    assert select(call(2, 128256, 2048, wf="f16", out="f32"), t).kernel == "linear_gemv2_f16_none_f32_r2k1w4d3p2n0b0"
     assert select(call(8, 128256, 2048, wf="f16", out="f32"), t).kernel == "linear_gemv2_f16_none_f32_r2k1w8d3p2n1b0"
     assert select(call(1, 8192, 2048, "silu_mul"), t).kernel == "linear_gemv2_q4_silu_f16_r2k4w1d2p1n0b0"
     assert select(call(8, 8192, 2048, "silu_mul"), t).kernel == "linear_gemv2_q4_silu_f16_r2k4w2d2p1n0b0"
@@ -212,6 +237,9 @@ def test_next_launch_waits_when_the_ring_holds_every_step(arch: str, m: int):
     t = get_target(arch)
     for k, n, act, wf, out in LLAMA_1B + SMOLLM2:
         v = rules_linear.parse(select(call(m, n, k, act, wf, out), t).kernel)
+        if isinstance(v, rules_linear.Rows):  # a batch-1 head streams after the wait: trigger at entry
+            assert v.tr == 0
+            continue
         steps = -(-k // rules_linear.gemv2_step_k(v.wf))
         assert v.tr == int(t.has_pdl and -(-steps // v.ks) <= v.d), (arch, m, k, n, act, v.symbol)
     if t.has_pdl:  # the 1B shape: qkv and o wait, gate_up, down and the LM head still stream after it
