@@ -30,7 +30,7 @@ from grokc.artifacts.kernel_abi import KV_BLOCK_SIZE
 from .base import KernelCall, KernelChoice, KernelRule, Target, c_params
 
 CLUSTER_MIN_CONTEXT = 4096
-PDL_MIN_BATCH = 2  # decode attention joins the qkv GEMV by a programmatic edge from this many slots on
+EARLY_MIN_BATCH = 2  # decode attention loads its first cache blocks before the wait from this many slots on
 HEADERS: tuple[str, ...] = ("pdl.cuh", "attention_common.cuh", "attention_prefill.cuh", "attention_decode.cuh")
 
 _PTR_TYPES = {
@@ -103,12 +103,13 @@ def decode_split(call: KernelCall, target: Target) -> KernelChoice | None:
     warp has two cache blocks at the longest context (``max_blocks``). Then the deepest cp.async ring
     (4..2 stages) whose shared memory fits the target.
 
-    From ``PDL_MIN_BATCH`` slots on (sm_90+, no clusters: a cluster launch cannot start early) the
-    ``_early`` variant joins the qkv GEMV by a programmatic edge and issues its first cache loads
-    before ``griddepcontrol.wait``, overlapping the GEMV. Measured on the H200 (Llama-1B shape,
-    context ~200): batch 8 0.731 -> 0.701 ms a step; batch 1 0.540 -> 0.546 (the early blocks hold
-    SMs the GEMVs before them still need), and without the edge the early loads only delay the qkv
-    reads (6.7 against 4.7 us a launch), so batch 1 keeps the plain variant.
+    Without clusters (a cluster launch cannot start early) the launch joins the qkv GEMV by a
+    programmatic edge on sm_90+. From ``EARLY_MIN_BATCH`` slots on it is the ``_early`` variant,
+    which issues its first cache loads before ``griddepcontrol.wait``, overlapping the GEMV; below,
+    the plain kernel waits at entry. Measured on the H200 (Llama-1B shape, context ~200): batch 8
+    0.731 -> 0.701 ms a step with ``_early``; at batch 1 ``_early`` lost (0.540 -> 0.546: its blocks
+    hold SMs the GEMVs before them still need) while the plain kernel with the edge gained
+    (decode_1 graph 514.8 -> 506.1 µs at context 128, eighth session).
     """
     nh, nkv, d = _dims(call)
     if not _heads_ok(nh, nkv, d) or d not in _MMA_HEAD_DIMS or nh // nkv > _MAX_GROUP or target.sm < 80:
@@ -129,8 +130,9 @@ def decode_split(call: KernelCall, target: Target) -> KernelChoice | None:
         for w in (warps, 4):
             smem = decode_mma_smem(d, w, stages)
             if smem <= target.smem_per_block:
-                pdl = target.has_pdl and cs == 1 and batch >= PDL_MIN_BATCH
-                return KernelChoice(f"attn_decode_mma_d{d}_w{w}_s{stages}_c{cs}" + ("_early" if pdl else ""),
+                pdl = target.has_pdl and cs == 1
+                early = pdl and batch >= EARLY_MIN_BATCH
+                return KernelChoice(f"attn_decode_mma_d{d}_w{w}_s{stages}_c{cs}" + ("_early" if early else ""),
                                     (nkv * cs, batch, 1),
                                     (32 * w, 1, 1), smem, "decode_split" + ("_cluster" if cs > 1 else ""), pdl=pdl)
     return None
