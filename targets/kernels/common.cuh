@@ -85,6 +85,12 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
 
+// The 8 halves of a times those of b (x times the norm weight, rounded to f16 once).
+__device__ __forceinline__ uint4 hmul8(uint4 a, uint4 b) {
+    return make_uint4(h2_as_u32(__hmul2(u32_as_h2(a.x), u32_as_h2(b.x))), h2_as_u32(__hmul2(u32_as_h2(a.y), u32_as_h2(b.y))),
+                      h2_as_u32(__hmul2(u32_as_h2(a.z), u32_as_h2(b.z))), h2_as_u32(__hmul2(u32_as_h2(a.w), u32_as_h2(b.w))));
+}
+
 // Sum of squares of the 8 halves of a 16-byte vector, in fp32.
 __device__ __forceinline__ float sumsq8(uint4 v) {
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};

@@ -133,13 +133,8 @@ __device__ __forceinline__ void linear_gemv_body(GROKC_LINEAR_PARAMS) {
             if (in) {
                 __half* at = xs + static_cast<size_t>(m) * slab_k + swz(m, p) * 8;
                 uint4 v = lds16(at);
-                const uint4 nv = lds16(ns + p * 8);
                 ss = sumsq8(v);
-                v.x = h2_as_u32(__hmul2(u32_as_h2(v.x), u32_as_h2(nv.x)));
-                v.y = h2_as_u32(__hmul2(u32_as_h2(v.y), u32_as_h2(nv.y)));
-                v.z = h2_as_u32(__hmul2(u32_as_h2(v.z), u32_as_h2(nv.z)));
-                v.w = h2_as_u32(__hmul2(u32_as_h2(v.w), u32_as_h2(nv.w)));
-                *reinterpret_cast<uint4*>(at) = v;
+                *reinterpret_cast<uint4*>(at) = hmul8(v, lds16(ns + p * 8));
             }
             const int m0 = __shfl_sync(0xffffffffu, m, 0);
             if (__all_sync(0xffffffffu, m == m0)) {

@@ -312,13 +312,8 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
                 for (int p = tid; p < P; p += NT) {
                     __half* at = xs + static_cast<size_t>(m) * KP + swz<WF>(m, p) * 8;
                     uint4 v = lds16(at);
-                    const uint4 nv = lds16(ns + p * 8);
                     ss += sumsq8(v);
-                    v.x = h2_as_u32(__hmul2(u32_as_h2(v.x), u32_as_h2(nv.x)));
-                    v.y = h2_as_u32(__hmul2(u32_as_h2(v.y), u32_as_h2(nv.y)));
-                    v.z = h2_as_u32(__hmul2(u32_as_h2(v.z), u32_as_h2(nv.z)));
-                    v.w = h2_as_u32(__hmul2(u32_as_h2(v.w), u32_as_h2(nv.w)));
-                    *reinterpret_cast<uint4*>(at) = v;
+                    *reinterpret_cast<uint4*>(at) = hmul8(v, lds16(ns + p * 8));
                 }
                 ss = warp_sum(ss);
                 if (lane == 0) wsum[warp * MAXM + m] = ss;

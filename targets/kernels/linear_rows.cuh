@@ -63,11 +63,7 @@ __device__ __forceinline__ void linear_rows(GROKC_LINEAR_PARAMS) {
         uint4 v = ldg16(xg + c);
         if (norm != nullptr) {
             ss += sumsq8(v);
-            const uint4 nv = ldg16(ng + c);
-            v.x = h2_as_u32(__hmul2(u32_as_h2(v.x), u32_as_h2(nv.x)));
-            v.y = h2_as_u32(__hmul2(u32_as_h2(v.y), u32_as_h2(nv.y)));
-            v.z = h2_as_u32(__hmul2(u32_as_h2(v.z), u32_as_h2(nv.z)));
-            v.w = h2_as_u32(__hmul2(u32_as_h2(v.w), u32_as_h2(nv.w)));
+            v = hmul8(v, ldg16(ng + c));
         }
         xs[c] = v;
     }
