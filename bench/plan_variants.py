@@ -58,7 +58,7 @@ def swapped(launch: Launch, symbol: str, target: Target) -> Launch:
         d, w, st, cs = map(int, m.groups()[:4])
         return dataclasses.replace(launch, kernel=symbol, grid=(int(dims["n_kv_heads"]) * cs, int(dims["B"]), 1),
                                    block=(32 * w, 1, 1), smem=rules_attention.decode_mma_smem(d, w, st),
-                                   pdl=target.has_pdl and cs == 1)  # the rule's edge: none for clusters
+                                   pdl=rules_attention.decode_edge(target, cs))
     call = KernelCall(launch.op, dict(launch.attrs), {k: v for k, v in dims.items() if v is not None})
     for rule in RULES[launch.op]:
         if (c := rule(call, target)) is not None and c.kernel == symbol:

@@ -94,6 +94,12 @@ def decode_mma_smem(d: int, warps: int, stages: int) -> int:
     return (16 * ch + 2 * ch + warps * stages * 2 * KV_BLOCK_SIZE * ch) * 16 + (32 + 16 * d) * 4  # DecodeMma::kSmem
 
 
+def decode_edge(target: Target, cs: int) -> bool:
+    """Whether a decode-attention launch of cluster size ``cs`` joins the launch before it by a
+    programmatic edge: on sm_90+, without clusters (a cluster launch cannot start early)."""
+    return target.has_pdl and cs == 1
+
+
 def decode_split(call: KernelCall, target: Target) -> KernelChoice | None:
     """Split-K decode: as many blocks per (slot, kv head) as make the grid cover the chip.
 
@@ -130,7 +136,7 @@ def decode_split(call: KernelCall, target: Target) -> KernelChoice | None:
         for w in (warps, 4):
             smem = decode_mma_smem(d, w, stages)
             if smem <= target.smem_per_block:
-                pdl = target.has_pdl and cs == 1
+                pdl = decode_edge(target, cs)
                 early = pdl and batch >= EARLY_MIN_BATCH
                 return KernelChoice(f"attn_decode_mma_d{d}_w{w}_s{stages}_c{cs}" + ("_early" if early else ""),
                                     (nkv * cs, batch, 1),
