@@ -10,7 +10,7 @@
 //   runs flash attention on them; row p % 16 of the last block is taken from the block's own rotated
 //   k / v in shared memory, never from the cache, so the launch reads nothing it writes.
 //   Partials (max, sum, acc) are merged over the warps in shared memory and over the cluster through
-//   distributed shared memory (ld.shared::cluster) before one rank-slice of each writes out.
+//   distributed shared memory (grokc_cluster_map) before one rank-slice of each writes out.
 //   No global scratch is needed.
 //   EARLY (the launch has a programmatic edge from the qkv GEMV, sm_90+): positions, active, the
 //   block table and the first ST - 1 cache blocks of every warp are read before griddepcontrol.wait
@@ -39,22 +39,6 @@ struct DecodeMma {
   static_assert(ST >= 2, "a warp's partial reuses its stage ring: need two stages at least");
   static_assert(CS == 1 || CS == 2 || CS == 4 || CS == 8, "portable cluster sizes only");
 };
-
-// -- clusters (sm_90+; cluster.cuh has the rank and the barrier) -----------------------------------
-
-// local[i] of block `rank` of this cluster.
-__device__ __forceinline__ float ld_cluster(const float* local, int rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t remote;
-  float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(local)), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-#else
-  __trap();
-  return 0.f;
-#endif
-}
 
 template <int D, int W, int ST, int CS, bool EARLY>
 __device__ __forceinline__ void attention_decode_mma(
@@ -269,15 +253,15 @@ __device__ __forceinline__ void attention_decode_mma(
       float mr[CS], mx = -INFINITY;
 #pragma unroll
       for (int r = 0; r < CS; ++r) {
-        mr[r] = ld_cluster(comb + gg, r);
+        mr[r] = *grokc_cluster_map(comb + gg, r);
         mx = fmaxf(mx, mr[r]);
       }
       float acc = 0.f, sum = 0.f;
 #pragma unroll
       for (int r = 0; r < CS; ++r) {
         const float f = mr[r] == -INFINITY ? 0.f : exp2f(mr[r] - mx);
-        acc += f * ld_cluster(comb + 32 + it, r);
-        sum += f * ld_cluster(comb + 16 + gg, r);
+        acc += f * *grokc_cluster_map(comb + 32 + it, r);
+        sum += f * *grokc_cluster_map(comb + 16 + gg, r);
       }
       orow[it] = __float2half_rn(sum > 0.f ? acc / sum : 0.f);
     }
