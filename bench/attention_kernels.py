@@ -223,7 +223,10 @@ def decode_case(dev: Device, rng, batch: int, ctx: int) -> dict:
     got_k = k_pool[:per_set].cpu().numpy()
     OPS["attention_decode"](want, {})
     err = rel_err(got_out, want["out"])
-    ok = err < 4e-3 and np.array_equal(got_k.view(np.uint16), want["k_cache"].view(np.uint16))
+    # The new k is bit-exact where RoPE comes from the table; past it the kernel's sincosf and numpy's
+    # f32 cos/sin may differ by an ulp, which can move one rounded half by one ulp (seen at 16384).
+    ulps = np.abs(got_k.view(np.uint16).astype(np.int32) - want["k_cache"].view(np.uint16).astype(np.int32))
+    ok = err < 4e-3 and int(ulps.max()) <= (0 if ctx - 1 < TABLE_LEN else 1)
     us = dev.time_us(launches)
 
     # torch: dense KV [B, NKV, ctx, D] per set, q [B, NH, 1, D]
