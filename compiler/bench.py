@@ -26,7 +26,8 @@ Progress = Callable[[str], None]
 
 def decode_bytes(plan: Plan, weights: dict[str, int], cfg: ModelConfig, batch: int, context: int) -> int:
     """Bytes one decode step must read: its weights once (one embedding row per slot: of the table and
-    of its scales and zeros when quantized) + the KV cache."""
+    of its scales and zeros when quantized; one row of the RoPE table per attention launch) + the KV
+    cache."""
     total = 0
     for launch in plan.graphs[f"decode_{batch}"].launches:
         for arg in launch.args:
@@ -34,6 +35,8 @@ def decode_bytes(plan: Plan, weights: dict[str, int], cfg: ModelConfig, batch: i
                 continue
             if launch.op == "embedding":   # every embedding weight has one row per token of the vocabulary
                 total += batch * (weights[arg.weight] // cfg.vocab_size)
+            elif arg.param == "rope_table":  # (cos, sin) at the step's position: one row of table_len
+                total += weights[arg.weight] // int(launch.arg("table_len").value)
             else:
                 total += weights[arg.weight]
     kv = cfg.num_layers * 2 * batch * context * cfg.kv_dim * 2
