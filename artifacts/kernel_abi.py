@@ -28,7 +28,10 @@ Semantics (fp16 storage, fp32 arithmetic unless stated):
     of 8) or ``hidden`` when ``group_size == 0``:
     ``T[v, h] = (code[v, h] - zero[v, h // gs]) * scale[v, h // gs]`` in f32, rounded to f16 once.
 
-``linear``: ``out = epilogue(prologue(x) @ W^T)`` with ``x`` f16 ``[M, K]``.
+``linear``: ``out = epilogue(prologue(x) @ W^T)`` with ``x`` f16 ``[M, K]``, or f32 when
+  ``attrs["x_dtype"]`` is ``"f32"``: an f32 input is rounded to f16 as it is read, so it means the
+  f16 tensor it stands for (the batch-1 decode graph keeps its layer outputs as f32 sums,
+  ``mlp_decode`` below).
   - prologue: when ``norm`` is not null, each row is RMS-normalised:
     ``x_i * rsqrt(mean(x_i**2) + eps) * norm`` (``norm`` f16 ``[K]``).
   - ``W`` by ``attrs["weight_format"]``: ``"f16"``: ``weight`` f16 ``[NW, K]``, ``scales`` and
@@ -43,8 +46,8 @@ Semantics (fp16 storage, fp32 arithmetic unless stated):
   - when ``addend`` (f32 ``[M, NW]``) is not null it is added to the raw products before the
     activation: ``y = prologue(x) @ W^T + addend`` (gate and up rows alike); ``sparse_residual``
     writes it.
-  - when ``residual`` (f16 ``[M, N]``) is not null: ``y += residual``. ``out`` may alias
-    ``residual``.
+  - when ``residual`` (f16 ``[M, N]``; f32 when ``attrs["residual_dtype"]`` is ``"f32"``, rounded
+    to f16 as it is read) is not null: ``y += residual``. ``out`` may alias ``residual``.
   - ``out`` is f16 or f32 by ``attrs["out_dtype"]``.
 
 ``sparse_residual``: the f16 corrections a q4 linear keeps beside its codes
@@ -53,6 +56,16 @@ Semantics (fp16 storage, fp32 arithmetic unless stated):
   ``xn = prologue(x)`` of the linear (``x`` f16 ``[M, K]``, RMS-normalised by ``norm`` and ``eps``
   when ``norm`` is not null) and the correction in CSR form: ``rowptr`` i32 ``[NW + 1]``, ``cols``
   i32 ``[nnz]`` in ``[0, K)``, ``vals`` f16 ``[nnz]``. A row with no entries gives 0.
+
+``mlp_decode``: a batch-1 SwiGLU MLP whose result is added into an f32 sum:
+  ``acc += x + down(silu(gate) * up)`` with ``x`` f16 ``[1, hidden]``, ``gate`` and ``up`` the two
+  halves of ``prologue(x) @ gate_up^T`` (``norm`` f16 ``[hidden]``, ``eps``), the activation rounded
+  to f16, and ``down`` its product with the down weight, in f32. Both weights are q4 per output
+  channel (``linear``'s formula): ``gate_up`` u8 ``[2 inter, hidden/2]`` (gate rows, then up rows)
+  with ``gate_up_scales`` (and ``gate_up_zeros`` or null) f16 ``[2 inter]``; ``down`` u8
+  ``[hidden, inter/2]`` with ``down_scales`` (``down_zeros``) f16 ``[hidden]``. ``acc`` f32
+  ``[1, hidden]`` must hold zeros on entry (the kernel adds into it from many blocks); ``clear`` f32
+  ``[1, hidden]``, another buffer, is set to zeros: the next ``mlp_decode``'s ``acc``.
 
 ``attention_prefill``: one sequence of ``L`` padded tokens at positions ``0..L-1`` into slot
   ``b = slot[0]``, of which the first ``t_real = n_real[0]`` are real. ``qkv`` f16
@@ -142,6 +155,9 @@ KERNEL_ABI: dict[str, tuple[Param, ...]] = {
     "linear": (_p("out"), _p("x"), _p("weight"), _p("scales", True), _p("zeros", True),
                _p("norm", True), _p("residual", True), _p("addend", True),
                _i("M"), _i("N"), _i("K"), _i("group_size"), _f("eps")),
+    "mlp_decode": (_p("acc"), _p("clear"), _p("x"), _p("norm"), _p("gate_up"), _p("gate_up_scales"),
+                   _p("gate_up_zeros", True), _p("down"), _p("down_scales"), _p("down_zeros", True),
+                   _i("hidden"), _i("inter"), _f("eps")),
     "sparse_residual": (_p("out"), _p("x"), _p("norm", True), _p("rowptr"), _p("cols"), _p("vals"),
                         _i("M"), _i("NW"), _i("K"), _f("eps")),
     "attention_prefill": (_p("out"), _p("qkv"), *_ROPE_AND_CACHE, _p("slot"), _p("n_real"),
@@ -159,5 +175,6 @@ KERNEL_ABI: dict[str, tuple[Param, ...]] = {
 # Variant attributes each op's launches carry (values are strings, part of the kernel's identity).
 KERNEL_VARIANTS: dict[str, dict[str, tuple[str, ...]]] = {
     "embedding": {"weight_format": ("f16", "q8", "q4")},
-    "linear": {"weight_format": ("f16", "q4", "q8"), "act": ("none", "silu_mul"), "out_dtype": ("f16", "f32")},
+    "linear": {"weight_format": ("f16", "q4", "q8"), "act": ("none", "silu_mul"), "out_dtype": ("f16", "f32"),
+               "x_dtype": ("f16", "f32"), "residual_dtype": ("f16", "f32")},
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -21,7 +22,7 @@ from grokc.artifacts.plan import Plan
 from grokc.compiler.ir import WeightFormat
 from grokc.passes.quantize import QUANT
 from grokc.passes.static_shapes import StaticShapes
-from grokc.targets import Target, build_cubin, get_target
+from grokc.targets import Target, build_cubin, get_target, rules_mlp
 
 from . import __version__, names, quality, synthetic_weights
 from .calibrate import CalibrationOptions, calibrate
@@ -77,7 +78,14 @@ class BuildOptions:
                      "lm_head": _WEIGHT_FORMATS.get(self.lm_head), "fp16_residual": self.fp16_residual,
                      "embeddings": _WEIGHT_FORMATS.get(self.embeddings)}
         recipe = replace(QUANT[self.quant], **{k: v for k, v in overrides.items() if v is not None})
-        return CompileOptions(StaticShapes(self.batch, tuple(self.buckets), self.max_seq, self.kv_blocks), recipe)
+        targets = [get_target(a) for a in dict.fromkeys(self.archs)]
+        return CompileOptions(StaticShapes(self.batch, tuple(self.buckets), self.max_seq, self.kv_blocks), recipe,
+                              mlp_decode_fits=partial(_all_fit_mlp_decode, tuple(targets)))
+
+
+def _all_fit_mlp_decode(targets: tuple[Target, ...], hidden: int, inter: int) -> bool:
+    """Whether every target of the build has the split-K batch-1 MLP kernel for these sizes."""
+    return all(rules_mlp.fits(t.sm, t.smem_per_block, hidden, inter) for t in targets)
 
 
 # --lm-head and --embeddings: the formats either may take

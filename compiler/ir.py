@@ -70,6 +70,8 @@ class OpKind(enum.Enum):
     SAMPLE = "sample"              # logits [M, V] + slot state               -> (state updates)
     # Introduced by passes/sparse_residual.py.
     SPARSE_RESIDUAL = "sparse_residual"  # x [T, K], rowptr/cols/vals (+ norm)  -> [T, NW] f32
+    # Introduced by passes/fuse_decode_mlp.py.
+    MLP_DECODE = "mlp_decode"      # x [1, H] + gate_up/down weights -> (acc state += x + mlp(x), clear state = 0)
 
 
 class WeightFormat(enum.Enum):
@@ -133,6 +135,14 @@ class SparseResidualAttrs:
 
 
 @dataclass(frozen=True)
+class MlpDecodeAttrs:
+    """A batch-1 SwiGLU MLP added into an f32 state sum (kernel_abi's ``mlp_decode``): ``norm_eps``
+    of the RMSNorm in front (input role ``norm``); both weights q4 per output channel."""
+
+    norm_eps: float
+
+
+@dataclass(frozen=True)
 class RopeAttrs:
     head_dim: int
     n_heads: int
@@ -152,7 +162,8 @@ class AttentionAttrs:
     fused_rope: bool = False
 
 
-Attrs = Union[NoAttrs, RmsNormAttrs, EmbeddingAttrs, LinearAttrs, SparseResidualAttrs, RopeAttrs, AttentionAttrs]
+Attrs = Union[NoAttrs, RmsNormAttrs, EmbeddingAttrs, LinearAttrs, SparseResidualAttrs, MlpDecodeAttrs, RopeAttrs,
+              AttentionAttrs]
 
 
 @dataclass(frozen=True)

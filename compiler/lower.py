@@ -11,7 +11,7 @@ from __future__ import annotations
 from grokc.artifacts.errors import UnsupportedOp
 from grokc.artifacts.kernel_abi import KERNEL_ABI, ArgKind
 from grokc.artifacts.plan import Arg, Buffer, BufferKind, GraphPlan, Launch, Plan
-from grokc.compiler.ir import AttnMode, Graph, Module, Node, OpKind, WeightFormat
+from grokc.compiler.ir import AttnMode, DType, Graph, Module, Node, OpKind, TensorType, WeightFormat
 from grokc.passes.memory_plan import MemoryPlan
 from grokc.targets import KernelCall, Target, select
 
@@ -67,9 +67,13 @@ def _embedding(m: Module, g: Graph, n: Node):
         {"n": t, "hidden": h, "vocab": m.params[n.inputs["table"]].shape[0], "group_size": n.attrs.group_size}
 
 
+def _type(m: Module, g: Graph, name: str) -> TensorType:
+    return g.tensors[name] if name in g.tensors else m.state[name]
+
+
 def _linear(m: Module, g: Graph, n: Node):
     a = n.attrs
-    x = g.tensors[n.inputs["x"]] if n.inputs["x"] in g.tensors else m.state[n.inputs["x"]]
+    x = _type(m, g, n.inputs["x"])
     out = g.tensors[n.outputs[0]]
     quantized = a.weight_format in (WeightFormat.Q4, WeightFormat.Q8)
     refs = {
@@ -80,9 +84,22 @@ def _linear(m: Module, g: Graph, n: Node):
     }
     attrs = {"weight_format": a.weight_format.value, "act": a.act.value,
              "out_dtype": "f32" if out.dtype.value == "float32" else "f16"}
+    for role in ("x", "residual"):  # f32 inputs: the batch-1 decode graph's layer sums (fuse_decode_mlp)
+        src = n.inputs.get(role)
+        if src is not None and _type(m, g, src).dtype is DType.F32:
+            attrs[f"{role}_dtype"] = "f32"
     dims = {"M": x.shape[0], "N": out.shape[1], "K": x.shape[1], "group_size": a.group_size,
             "eps": a.norm_eps if a.norm_eps is not None else 0.0}
     return "linear", attrs, refs, dims
+
+
+def _mlp_decode(m: Module, g: Graph, n: Node):
+    hidden = _type(m, g, n.inputs["x"]).shape[1]
+    inter = m.params[n.inputs["down"]].shape[1] * 2
+    roles = ("acc", "clear", "x", "norm", "gate_up", "gate_up_scales", "gate_up_zeros", "down", "down_scales",
+             "down_zeros")
+    return "mlp_decode", {"weight_format": "q4"}, {r: n.inputs.get(r) for r in roles}, \
+        {"hidden": hidden, "inter": inter, "eps": n.attrs.norm_eps}
 
 
 def _sparse_residual(m: Module, g: Graph, n: Node):
@@ -123,6 +140,7 @@ _OPS = {
     OpKind.EMBEDDING: _embedding,
     OpKind.LINEAR: _linear,
     OpKind.SPARSE_RESIDUAL: _sparse_residual,
+    OpKind.MLP_DECODE: _mlp_decode,
     OpKind.ATTENTION: _attention,
     OpKind.TAKE_LAST: _take_last,
     OpKind.SAMPLE: _sample,

@@ -115,9 +115,14 @@ def dense_weight(args: dict[str, Any], attrs: Mapping[str, str]) -> np.ndarray:
     return int4.dequantize(_arr(args, "weight", U8, nw, k // 2), scales, zeros, gs)     # [NW, K]
 
 
-def _prologue(args: dict[str, Any], m: int, k: int) -> np.ndarray:
+def _as_f16(args: dict[str, Any], name: str, dtype: str, *shape: int) -> np.ndarray:
+    """Pointer ``name`` as the f16 tensor it stands for: f16 as is, f32 rounded to f16."""
+    return _arr(args, name, F16, *shape) if dtype == "f16" else _arr(args, name, F32, *shape).astype(F16)
+
+
+def _prologue(args: dict[str, Any], m: int, k: int, x_dtype: str = "f16") -> np.ndarray:
     """f32 ``[M, K]``: ``x``, RMS-normalised by ``norm`` and ``eps`` when ``norm`` is not null."""
-    x = _arr(args, "x", F16, m, k).astype(F32)                 # [M, K]
+    x = _as_f16(args, "x", x_dtype, m, k).astype(F32)          # [M, K]
     norm = _opt(args, "norm", F16, k)                          # [K]
     if norm is not None:
         inv_rms = F32(1) / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + F32(args["eps"]))  # [M, 1]
@@ -131,7 +136,7 @@ def linear(args: dict[str, Any], attrs: Mapping[str, str], dense: np.ndarray | N
     act = _variant(attrs, "linear", "act")
     out_dtype = F16 if _variant(attrs, "linear", "out_dtype") == "f16" else F32
     w = dense_weight(args, attrs) if dense is None else dense  # [NW, K]
-    y = _prologue(args, m, k) @ w.T                            # [M, NW]
+    y = _prologue(args, m, k, _variant(attrs, "linear", "x_dtype")) @ w.T   # [M, NW]
     addend = _opt(args, "addend", F32, m, w.shape[0])          # [M, NW]
     if addend is not None:
         y = y + addend
@@ -139,10 +144,29 @@ def linear(args: dict[str, Any], attrs: Mapping[str, str], dense: np.ndarray | N
         gate, up = y[:, :n], y[:, n:]                          # gate rows come first
         with np.errstate(over="ignore"):                       # exp(-gate) -> inf gives silu -> -0
             y = gate / (F32(1) + np.exp(-gate)) * up           # [M, N]
-    residual = _opt(args, "residual", F16, m, n)               # [M, N]; may alias out
+    residual = None if args["residual"] is None else \
+        _as_f16(args, "residual", _variant(attrs, "linear", "residual_dtype"), m, n)   # [M, N]; may alias out
     if residual is not None:
         y = y + residual.astype(F32)                           # read before out is written
     _arr(args, "out", out_dtype, m, n)[...] = y
+
+
+def mlp_decode(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
+    """``acc += x + down(silu(gate) * up)`` (batch 1), then ``clear = 0``: the two ``linear`` launches
+    it replaces, gate_up's f16 activations and down's residual add in f32, summed into ``acc``."""
+    h, i = args["hidden"], args["inter"]
+    q4 = {"weight_format": "q4", "out_dtype": "f16"}
+    act = np.empty((1, i), F16)
+    linear({"out": act, "x": args["x"], "weight": args["gate_up"], "scales": args["gate_up_scales"],
+            "zeros": args["gate_up_zeros"], "norm": args["norm"], "residual": None, "addend": None, "M": 1, "N": i,
+            "K": h, "group_size": 0, "eps": args["eps"]}, {**q4, "act": "silu_mul"})
+    y = np.empty((1, h), F32)
+    linear({"out": y, "x": act, "weight": args["down"], "scales": args["down_scales"], "zeros": args["down_zeros"],
+            "norm": None, "residual": args["x"], "addend": None, "M": 1, "N": h, "K": i, "group_size": 0, "eps": 0.0},
+           {**q4, "act": "none", "out_dtype": "f32"})
+    acc = _arr(args, "acc", F32, 1, h)
+    acc += y
+    _arr(args, "clear", F32, 1, h)[...] = 0
 
 
 def sparse_residual(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
@@ -341,6 +365,7 @@ OPS: dict[str, Callable[[dict[str, Any], dict[str, str]], None]] = {
     "embedding": embedding,
     "linear": linear,
     "sparse_residual": sparse_residual,
+    "mlp_decode": mlp_decode,
     "attention_prefill": attention_prefill,
     "attention_decode": attention_decode,
     "take_last": take_last,

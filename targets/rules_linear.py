@@ -19,6 +19,9 @@ gemv2 family, the first):
 size; the gemv and gemm families do not read int8, so a q8 call past gemv2 falls back to ref);
 ``act`` is ``none`` or ``silu`` (``silu_mul``); ``out`` is ``f16`` or ``f32``.
 Null ``zeros``, ``norm`` and ``residual`` are handled at run time by every kernel.
+f32 inputs (kernel_abi's ``x_dtype`` / ``residual_dtype``; the batch-1 decode graph's layer outputs,
+``passes/fuse_decode_mlp.py``) are read by gemv2, rows and ref, whose symbols then end in ``_<io>``:
+``x32``, ``r32`` or ``x32r32``; the gemv and gemm families take f16 inputs only.
 
 Module protocol (shared with ``rules_attention`` and ``rules_misc``): ``RULES``, ``HEADERS``
 (files under ``targets/kernels/`` the sources need) and ``kernel_source(symbol)``.
@@ -51,6 +54,12 @@ GEMV_FORMATS = GEMM_FORMATS = ("f16", "q4", "q4g")
 REF_FORMATS = ("f16", "q4", "q8")   # any group size: the kernel reads the group from group_size
 _ACT_CPP = {"none": "NONE", "silu": "SILU_MUL"}
 _ACT_ATTR = {"none": "none", "silu_mul": "silu"}
+_IO_BITS = {"": 0, "x32": 1, "r32": 2, "x32r32": 3}  # linear_common.cuh's InDtypes
+_IO_RE = r"(?:_(?P<io>x32r32|x32|r32))?"
+
+
+def _io_suffix(io: str) -> str:
+    return f"_{io}" if io else ""
 
 
 # ---- variants ------------------------------------------------------------------------------------
@@ -127,11 +136,12 @@ class Gemv2:
     nl: int    # RMSNorm: 0 a pass over the staged x, 1 per step in registers (sums of squares on the MMA)
     minb: int  # __launch_bounds__ min blocks per SM (0: 1, i.e. no cap below 255 registers)
     tr: int = 0  # the next launch may start: 0 at entry, 1 after griddepcontrol.wait
+    io: str = ""  # f32 inputs: "", "x32", "r32", "x32r32"
 
     @property
     def symbol(self) -> str:
         return (f"linear_gemv2_{self.wf}_{self.act}_{self.out}_r{self.r}k{self.ks}w{self.wn}d{self.d}"
-                f"p{self.pf}n{self.nl}b{self.minb}" + (f"t{self.tr}" if self.tr else ""))
+                f"p{self.pf}n{self.nl}b{self.minb}" + (f"t{self.tr}" if self.tr else "") + _io_suffix(self.io))
 
     @property
     def threads(self) -> int:
@@ -161,7 +171,7 @@ class Gemv2:
         # caps registers (64 at 256 threads), spilling the ring of loads
         return (f'extern "C" __global__ void {_bounds(self.threads, max(1, self.minb))} {self.symbol}(GROKC_LINEAR_PARAMS) '
                 f"{{ grokc::gemv2::linear_gemv2<{_cpp_common(self.wf, self.act, self.out)}, {self.r}, {self.ks}, "
-                f"{self.wn}, {self.d}, {self.pf}, {self.nl}, {self.tr}>(GROKC_LINEAR_ARGS); }}\n")
+                f"{self.wn}, {self.d}, {self.pf}, {self.nl}, {self.tr}, {_IO_BITS[self.io]}>(GROKC_LINEAR_ARGS); }}\n")
 
 
 @dataclass(frozen=True)
@@ -213,14 +223,16 @@ class Ref:
     wf: str  # "f16", "q4" or "q8" (any group size)
     act: str
     out: str
+    io: str = ""
 
     @property
     def symbol(self) -> str:
-        return f"linear_ref_{self.wf}_{self.act}_{self.out}"
+        return f"linear_ref_{self.wf}_{self.act}_{self.out}" + _io_suffix(self.io)
 
     def source(self) -> str:
         return (f'extern "C" __global__ void {_bounds(REF_THREADS, 0)} {self.symbol}(GROKC_LINEAR_PARAMS) '
-                f"{{ grokc::ref::linear_ref<{_cpp_common(self.wf, self.act, self.out)}>(GROKC_LINEAR_ARGS); }}\n")
+                f"{{ grokc::ref::linear_ref<{_cpp_common(self.wf, self.act, self.out)}, {_IO_BITS[self.io]}>"
+                f"(GROKC_LINEAR_ARGS); }}\n")
 
 
 @dataclass(frozen=True)
@@ -233,10 +245,12 @@ class Rows:
     u: int     # 16-byte loads per lane in flight
     minb: int  # blocks per SM the launch bounds ask for (the grid is num_sms * minb)
     tr: int = 0  # the next launch may start: 0 at entry, 1 after griddepcontrol.wait
+    io: str = ""  # f32 inputs: "", "x32", "r32", "x32r32"
 
     @property
     def symbol(self) -> str:
-        return f"linear_rows_f16_none_{self.out}_w{self.w}u{self.u}b{self.minb}" + (f"t{self.tr}" if self.tr else "")
+        return (f"linear_rows_f16_none_{self.out}_w{self.w}u{self.u}b{self.minb}" + (f"t{self.tr}" if self.tr else "")
+                + _io_suffix(self.io))
 
     @property
     def threads(self) -> int:
@@ -252,28 +266,28 @@ class Rows:
     def source(self) -> str:
         return (f'extern "C" __global__ void {_bounds(self.threads, self.minb)} {self.symbol}(GROKC_LINEAR_PARAMS) '
                 f"{{ grokc::rows::linear_rows<{self.w}, {self.u}, {'true' if self.out == 'f32' else 'false'}, "
-                f"{self.tr}>(GROKC_LINEAR_ARGS); }}\n")
+                f"{self.tr}, {_IO_BITS[self.io]}>(GROKC_LINEAR_ARGS); }}\n")
 
 
 _COMMON = r"(?P<wf>f16|q4g|q4|q8)_(?P<act>none|silu)_(?P<out>f16|f32)"
 _GEMV_RE = re.compile(rf"linear_gemv_{_COMMON}_m(?P<mt>\d+)k(?P<ks>\d+)r(?P<rg>\d+)u(?P<u>\d+)b(?P<b>\d+)")
 _GEMV2_RE = re.compile(
-    rf"linear_gemv2_{_COMMON}_r(?P<r>\d+)k(?P<ks>\d+)w(?P<wn>\d+)d(?P<d>\d+)p(?P<pf>\d+)n(?P<nl>\d+)b(?P<b>\d+)(?:t(?P<tr>\d))?")
+    rf"linear_gemv2_{_COMMON}_r(?P<r>\d+)k(?P<ks>\d+)w(?P<wn>\d+)d(?P<d>\d+)p(?P<pf>\d+)n(?P<nl>\d+)b(?P<b>\d+)(?:t(?P<tr>\d))?{_IO_RE}")
 _GEMM_RE = re.compile(
     rf"linear_gemm_{_COMMON}_m(?P<bm>\d+)n(?P<bn>\d+)w(?P<wm>\d+)x(?P<wn>\d+)s(?P<st>\d+)b(?P<b>\d+)")
-_REF_RE = re.compile(rf"linear_ref_{_COMMON}")
-_ROWS_RE = re.compile(r"linear_rows_f16_none_(?P<out>f16|f32)_w(?P<w>\d+)u(?P<u>\d+)b(?P<b>\d+)(?:t(?P<tr>\d))?")
+_REF_RE = re.compile(rf"linear_ref_{_COMMON}{_IO_RE}")
+_ROWS_RE = re.compile(rf"linear_rows_f16_none_(?P<out>f16|f32)_w(?P<w>\d+)u(?P<u>\d+)b(?P<b>\d+)(?:t(?P<tr>\d))?{_IO_RE}")
 
 
 def parse(symbol: str) -> Gemv2 | Gemv | Gemm | Ref | Rows | None:
     """The variant a linear kernel symbol names, or None if it is not a valid one."""
     if m := _ROWS_RE.fullmatch(symbol):
-        rows = Rows(m["out"], int(m["w"]), int(m["u"]), int(m["b"]), int(m["tr"] or 0))
+        rows = Rows(m["out"], int(m["w"]), int(m["u"]), int(m["b"]), int(m["tr"] or 0), m["io"] or "")
         ok = 1 <= rows.w <= 32 and 1 <= rows.u <= 16 and 1 <= rows.minb <= 8 and rows.tr in (0, 1)
         return rows if ok and rows.symbol == symbol else None
     if m := _GEMV2_RE.fullmatch(symbol):
         v2 = Gemv2(m["wf"], m["act"], m["out"], int(m["r"]), int(m["ks"]), int(m["wn"]), int(m["d"]), int(m["pf"]),
-                   int(m["nl"]), int(m["b"]), int(m["tr"] or 0))
+                   int(m["nl"]), int(m["b"]), int(m["tr"] or 0), m["io"] or "")
         ok = (v2.r in (1, 2, 3, 4) and v2.ks in (1, 2, 4, 8, 16) and v2.wn in (1, 2, 4, 8) and 1 <= v2.d <= 8
               and v2.r * v2.d <= 8 and v2.pf in (0, 1, 2) and v2.nl in (0, 1) and v2.tr in (0, 1)  # ring: 8 * R * D registers
               and v2.threads <= 512 and 0 <= v2.minb <= 8 and v2.wf in GEMV2_FORMATS)
@@ -289,7 +303,7 @@ def parse(symbol: str) -> Gemv2 | Gemv | Gemm | Ref | Rows | None:
         ok = v.valid() and v.threads <= 512 and 0 <= v.minb <= 4 and v.wf in GEMM_FORMATS
         return v if ok and v.symbol == symbol else None
     if m := _REF_RE.fullmatch(symbol):
-        return Ref(m["wf"], m["act"], m["out"]) if m["wf"] in REF_FORMATS else None
+        return Ref(m["wf"], m["act"], m["out"], m["io"] or "") if m["wf"] in REF_FORMATS else None
     return None
 
 
@@ -311,6 +325,7 @@ class _Linear:
     n: int
     k: int
     gs: int
+    io: str = ""  # f32 inputs, as the symbols name them
 
     @property
     def nw(self) -> int:
@@ -350,9 +365,11 @@ def _linear(call: KernelCall) -> _Linear | None:
         m, n, k, gs = int(d["M"]), int(d["N"]), int(d["K"]), int(d["group_size"])
     except KeyError:
         return None
-    if fmt not in ("f16", "q4", "q8") or out not in ("f16", "f32") or m < 1 or n < 1 or k < 8 or k % 8 or gs < 0:
+    x32, r32 = a.get("x_dtype", "f16"), a.get("residual_dtype", "f16")
+    if fmt not in ("f16", "q4", "q8") or out not in ("f16", "f32") or m < 1 or n < 1 or k < 8 or k % 8 or gs < 0 \
+            or x32 not in ("f16", "f32") or r32 not in ("f16", "f32"):
         return None
-    return _Linear(fmt, act, out, m, n, k, gs)
+    return _Linear(fmt, act, out, m, n, k, gs, ("x32" if x32 == "f32" else "") + ("r32" if r32 == "f32" else ""))
 
 
 def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
@@ -393,9 +410,9 @@ def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
     d = min(3 if ks == 1 else 2, per)
     tr = int(target.has_pdl and per <= d)  # all of a warp's weights are loaded before the wait
     if ks == 1:
-        return Gemv2(lin.wf, lin.act, lin.out, r, 1, 8 if big_m else 4, d, 2, int(big_m), 0, tr)
+        return Gemv2(lin.wf, lin.act, lin.out, r, 1, 8 if big_m else 4, d, 2, int(big_m), 0, tr, lin.io)
     wn = 2 if big_m and rows >= 2 * target.num_sms else 1
-    return Gemv2(lin.wf, lin.act, lin.out, r, ks, wn, d, 1, int(big_m and wn == 1), 0, tr)
+    return Gemv2(lin.wf, lin.act, lin.out, r, ks, wn, d, 1, int(big_m and wn == 1), 0, tr, lin.io)
 
 
 def rule_gemv2(call: KernelCall, target: Target) -> KernelChoice | None:
@@ -429,7 +446,7 @@ def gemv_variant(lin: _Linear, target: Target) -> Gemv:
 def rule_gemv(call: KernelCall, target: Target) -> KernelChoice | None:
     if call.op != "linear" or (lin := _linear(call)) is None:
         return None
-    if lin.m > GEMV_MAX_M or not lin.fast_ok:
+    if lin.m > GEMV_MAX_M or not lin.fast_ok or lin.io:
         return None
     v = gemv_variant(lin, target)
     smem = v.smem(lin.m, lin.k)
@@ -459,7 +476,7 @@ def gemm_variant(lin: _Linear, target: Target) -> Gemm | None:
 
 
 def rule_gemm(call: KernelCall, target: Target) -> KernelChoice | None:
-    if call.op != "linear" or (lin := _linear(call)) is None or not lin.fast_ok:
+    if call.op != "linear" or (lin := _linear(call)) is None or not lin.fast_ok or lin.io:
         return None
     v = gemm_variant(lin, target)
     if v is None:
@@ -471,7 +488,7 @@ def rule_ref(call: KernelCall, target: Target) -> KernelChoice | None:
     """Fallback: every valid linear call."""
     if call.op != "linear" or (lin := _linear(call)) is None:
         return None
-    v = Ref(lin.fmt, lin.act, lin.out)
+    v = Ref(lin.fmt, lin.act, lin.out, lin.io)
     return KernelChoice(v.symbol, (math.ceil(lin.n / REF_THREADS), lin.m, 1), (REF_THREADS, 1, 1), 0, "linear.ref")
 
 
@@ -489,7 +506,7 @@ def rule_rows(call: KernelCall, target: Target) -> KernelChoice | None:
         return None
     if lin.fmt != "f16" or lin.act != "none" or lin.m != 1 or lin.n < ROWS_MIN_N:
         return None
-    v = Rows(lin.out, 8, min(8, -(-lin.k // 256)), 4)
+    v = Rows(lin.out, 8, min(8, -(-lin.k // 256)), 4, 0, lin.io)
     smem = v.smem(lin.k)
     if smem > target.smem_per_block:
         return None

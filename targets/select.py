@@ -26,10 +26,10 @@ from types import ModuleType
 
 from grokc.artifacts.errors import TargetError, UnsupportedOp
 
-from . import rules_attention, rules_linear, rules_misc, rules_sparse, rules_synthetic
+from . import rules_attention, rules_linear, rules_misc, rules_mlp, rules_sparse, rules_synthetic
 from .base import KernelCall, KernelChoice, KernelRule, Target
 
-MODULES: tuple[ModuleType, ...] = (rules_linear, rules_attention, rules_misc, rules_sparse, rules_synthetic)
+MODULES: tuple[ModuleType, ...] = (rules_linear, rules_attention, rules_misc, rules_mlp, rules_sparse, rules_synthetic)
 
 
 def _assemble() -> dict[str, list[KernelRule]]:

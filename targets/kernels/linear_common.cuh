@@ -14,6 +14,29 @@ namespace linear {
 // and gemm families do not read it.
 enum WFormat { F16 = 0, Q4 = 1, Q4G = 2, Q8 = 3 };
 enum Act { NONE = 0, SILU_MUL = 1 };
+// Input dtypes (kernel_abi's x_dtype / residual_dtype), as a template argument: bit X32 set, x is
+// f32; bit R32, the residual is. An f32 input is rounded to f16 as it is read, so it means what the
+// f16 tensor it stands for would (the batch-1 decode graph keeps its layer outputs in f32 sums).
+enum InDtypes { X32 = 1, R32 = 2 };
+
+template <int IO>
+__device__ __forceinline__ float x_at(const __half* x, size_t i) {
+    return (IO & X32) ? __half2float(__float2half_rn(reinterpret_cast<const float*>(x)[i])) : __half2float(x[i]);
+}
+template <int IO>
+__device__ __forceinline__ float residual_at(const __half* residual, size_t i) {
+    return (IO & R32) ? __half2float(__float2half_rn(reinterpret_cast<const float*>(residual)[i]))
+                      : __half2float(residual[i]);
+}
+// 8 halves of x from 8 f32 (two 16-byte loads), rounded as x_at does.
+__device__ __forceinline__ uint4 f32x8_to_h8(const float4 a, const float4 b) {
+    uint4 r;
+    r.x = h2_as_u32(__floats2half2_rn(a.x, a.y));
+    r.y = h2_as_u32(__floats2half2_rn(a.z, a.w));
+    r.z = h2_as_u32(__floats2half2_rn(b.x, b.y));
+    r.w = h2_as_u32(__floats2half2_rn(b.z, b.w));
+    return r;
+}
 
 __device__ __forceinline__ void store(void* out, size_t i, float v, bool f32) {
     if (f32)
@@ -34,14 +57,14 @@ __device__ __forceinline__ float addend_at(const float* addend, int m, int row, 
 // The last step every kernel shares, for one output element (m, n) whose raw dot products are
 // `gate` (and `up` for silu_mul), each already multiplied by its row scale and rms factor; the
 // addend of each row joins them before the activation.
-template <int ACT, bool OUT_F32>
+template <int ACT, bool OUT_F32, int IO = 0>
 __device__ __forceinline__ void finish(void* out, const __half* residual, const float* addend, int m, int n, int N,
                                        float gate, float up) {
     gate += addend_at<ACT>(addend, m, n, N);
     if (ACT == SILU_MUL) up += addend_at<ACT>(addend, m, N + n, N);
     float v = (ACT == SILU_MUL) ? silu(gate) * up : gate;
     const size_t i = static_cast<size_t>(m) * N + n;
-    if (residual != nullptr) v += __half2float(residual[i]);  // out may alias residual: read first
+    if (residual != nullptr) v += residual_at<IO>(residual, i);  // out may alias residual: read first
     store(out, i, v, OUT_F32);
 }
 

@@ -116,6 +116,13 @@ __device__ __forceinline__ void q4_pairs(uint32_t w, uint32_t p[4]) {
     p[3] = h2_as_u32(__hfma2(u32_as_h2(lop3_and_or(w8, 0x00F000F0u, MAGIC)), S_HI, B_HI));
 }
 
+// A residual element as the f16 it stands for (IO's R32: the f32 sum, rounded).
+template <int IO>
+__device__ __forceinline__ __half res_h(const __half* residual, size_t i) {
+    if constexpr ((IO & R32) != 0) return __float2half_rn(reinterpret_cast<const float*>(residual)[i]);
+    else return residual[i];
+}
+
 // Bytes of a weight row's first k columns: 2k (f16), k (int8), k / 2 (int4).
 template <int WF>
 __device__ __forceinline__ size_t weight_bytes(int k) {
@@ -149,7 +156,7 @@ __device__ __forceinline__ void a_pairs(const uint4& c, int v, uint32_t p[4]) {
     }
 }
 
-template <int WF, int ACT, bool OUT_F32, int R, int KS, int WN, int D, int PF, int NL, int TR, bool NORM, bool ZERO>
+template <int WF, int ACT, bool OUT_F32, int R, int KS, int WN, int D, int PF, int NL, int TR, int IO, bool NORM, bool ZERO>
 __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
     constexpr int NWARP = KS * WN;
     constexpr int NT = 32 * NWARP;
@@ -272,16 +279,16 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
                 for (int h = 0; h < 2; ++h) {
                     const int m = 2 * t + h;
                     if (m >= M) continue;
-                    if (row_ok_lo(j)) res[4 * j + 2 * h] = residual[static_cast<size_t>(m) * N + out_n[j]];
+                    if (row_ok_lo(j)) res[4 * j + 2 * h] = res_h<IO>(residual, static_cast<size_t>(m) * N + out_n[j]);
                     if (ACT != SILU_MUL && row_ok_hi(j))
-                        res[4 * j + 2 * h + 1] = residual[static_cast<size_t>(m) * N + out_n[j] + 8];
+                        res[4 * j + 2 * h + 1] = res_h<IO>(residual, static_cast<size_t>(m) * N + out_n[j] + 8);
                 }
         } else {
 #pragma unroll
             for (int i = 0; i < EPT; ++i) {
                 const int e = tid + i * NT;
                 const int m = e / OC, n = blockIdx.x * OC + (e - m * OC);
-                if (m < M && n < N) res[i] = residual[static_cast<size_t>(m) * N + n];
+                if (m < M && n < N) res[i] = res_h<IO>(residual, static_cast<size_t>(m) * N + n);
             }
         }
     }
@@ -292,8 +299,13 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
         for (int idx = tid; idx < M * P; idx += NT) {
             const int m = idx / P, p = idx - m * P, k = p * 8;
             const bool ok = k < K;
-            cp_async16(xs + static_cast<size_t>(m) * KP + swz<WF>(m, p) * 8,
-                       ok ? static_cast<const void*>(x + static_cast<size_t>(m) * K + k) : static_cast<const void*>(x), ok);
+            __half* dst = xs + static_cast<size_t>(m) * KP + swz<WF>(m, p) * 8;
+            if constexpr ((IO & X32) != 0) {  // f32 x: two 16-byte loads rounded to 8 halves
+                const float4* x32 = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(x) + static_cast<size_t>(m) * K + k);
+                *reinterpret_cast<uint4*>(dst) = ok ? f32x8_to_h8(__ldcg(x32), __ldcg(x32 + 1)) : make_uint4(0u, 0u, 0u, 0u);
+            } else {
+                cp_async16(dst, ok ? static_cast<const void*>(x + static_cast<size_t>(m) * K + k) : static_cast<const void*>(x), ok);
+            }
         }
         if (NORM) {
             for (int p = tid; p < P; p += NT) {
@@ -488,21 +500,21 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
     }
 }
 
-template <int WF, int ACT, bool OUT_F32, int R, int KS, int WN, int D, int PF, int NL, int TR>
+template <int WF, int ACT, bool OUT_F32, int R, int KS, int WN, int D, int PF, int NL, int TR, int IO = 0>
 __device__ __forceinline__ void linear_gemv2(GROKC_LINEAR_PARAMS) {
     static_assert(R >= 1 && KS >= 1 && WN >= 1 && D >= 1 && PF >= 0 && PF <= 2 && (NL == 0 || NL == 1)
                   && (TR == 0 || TR == 1), "tiling");
     constexpr bool Q = WF != F16;
     if (norm != nullptr) {
         if (Q && zeros != nullptr)
-            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, TR, true, Q>(GROKC_LINEAR_ARGS);
+            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, TR, IO, true, Q>(GROKC_LINEAR_ARGS);
         else
-            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, TR, true, false>(GROKC_LINEAR_ARGS);
+            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, TR, IO, true, false>(GROKC_LINEAR_ARGS);
     } else {
         if (Q && zeros != nullptr)
-            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, TR, false, Q>(GROKC_LINEAR_ARGS);
+            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, TR, IO, false, Q>(GROKC_LINEAR_ARGS);
         else
-            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, TR, false, false>(GROKC_LINEAR_ARGS);
+            body<WF, ACT, OUT_F32, R, KS, WN, D, PF, NL, TR, IO, false, false>(GROKC_LINEAR_ARGS);
     }
 }
 

@@ -39,15 +39,15 @@ __device__ __forceinline__ float weight_at(const void* weight, const __half* sca
     return (code - zero) * __half2float(scales[gi]);
 }
 
-template <int WF, int ACT, bool OUT_F32>
+template <int WF, int ACT, bool OUT_F32, int IO = 0>
 __device__ __forceinline__ void linear_ref(GROKC_LINEAR_PARAMS) {
     __shared__ float partial[THREADS / 32];
     __shared__ float rstd;
     const int m = blockIdx.y, n = blockIdx.x * THREADS + threadIdx.x;
-    const __half* xr = x + static_cast<size_t>(m) * K;
+    const size_t xr = static_cast<size_t>(m) * K;
     if (norm != nullptr) {
         float s = 0.f;
-        for (int k = threadIdx.x; k < K; k += THREADS) s = fmaf(__half2float(xr[k]), __half2float(xr[k]), s);
+        for (int k = threadIdx.x; k < K; k += THREADS) s = fmaf(x_at<IO>(x, xr + k), x_at<IO>(x, xr + k), s);
         s = warp_sum(s);
         if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = s;
         __syncthreads();
@@ -62,12 +62,12 @@ __device__ __forceinline__ void linear_ref(GROKC_LINEAR_PARAMS) {
     const float r = norm != nullptr ? rstd : 1.f;
     float gate = 0.f, up = 0.f;
     for (int k = 0; k < K; ++k) {
-        float xv = __half2float(xr[k]);
+        float xv = x_at<IO>(x, xr + k);
         if (norm != nullptr) xv = xv * r * __half2float(norm[k]);
         gate = fmaf(xv, weight_at<WF>(weight, scales, zeros, n, k, K, group_size), gate);
         if (ACT == SILU_MUL) up = fmaf(xv, weight_at<WF>(weight, scales, zeros, N + n, k, K, group_size), up);
     }
-    finish<ACT, OUT_F32>(out, residual, addend, m, n, N, gate, up);
+    finish<ACT, OUT_F32, IO>(out, residual, addend, m, n, N, gate, up);
 }
 
 }  // namespace ref

@@ -29,7 +29,7 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x, float acc) {
     return acc;
 }
 
-template <int W, int U, bool OUT_F32, int TR>
+template <int W, int U, bool OUT_F32, int TR, int IO = 0>
 __device__ __forceinline__ void linear_rows(GROKC_LINEAR_PARAMS) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -59,8 +59,9 @@ __device__ __forceinline__ void linear_rows(GROKC_LINEAR_PARAMS) {
     const uint4* xg = reinterpret_cast<const uint4*>(x);
     const uint4* ng = reinterpret_cast<const uint4*>(norm);
     float ss = 0.f;
+    const float4* xg32 = reinterpret_cast<const float4*>(x);
     for (int c = tid; c < nch; c += 32 * W) {
-        uint4 v = ldg16(xg + c);
+        uint4 v = (IO & X32) ? f32x8_to_h8(__ldg(xg32 + 2 * c), __ldg(xg32 + 2 * c + 1)) : ldg16(xg + c);
         if (norm != nullptr) {
             ss += sumsq8(v);
             v = hmul8(v, ldg16(ng + c));
@@ -90,7 +91,7 @@ __device__ __forceinline__ void linear_rows(GROKC_LINEAR_PARAMS) {
         }
         if (row + stride < N) load(row + stride, 0);
         acc = warp_sum(acc);
-        if (lane == 0) finish<NONE, OUT_F32>(out, residual, addend, 0, row, N, acc * rs, 0.f);
+        if (lane == 0) finish<NONE, OUT_F32, IO>(out, residual, addend, 0, row, N, acc * rs, 0.f);
     }
 }
 
