@@ -3,7 +3,10 @@
 into an f32 accumulator), against the rule's gate_up and down gemv2 launches, in the same process on
 the same GPU, inside a 16-layer chain of qkv, o and the MLP joined by programmatic edges. Prints JSON.
 
-    python3 bench/mlp_probe.py [--reps 20] [--variants TRIG:RED:WARPS[:CL],...] [--o-entry]
+    python3 bench/mlp_probe.py [--reps 20] [--variants TRIG:RED:WARPS[:CL],...] [--o-entry] [--grokc SYM,...]
+
+--grokc: also time grokc's own ``mlp_decode`` kernels (targets/kernels/mlp_decode.cuh; the artifact's
+symbol or its ablations ``mlp_decode_q4_a<N>``) on the row-major weights, in the same chains.
 
 --o-entry: the o GEMV lets the next launch start at its entry instead of after its wait.
 """
@@ -109,6 +112,7 @@ def main() -> None:
         up(np.zeros(INTER, np.float16))
     acc, counter = up(np.zeros(BLOCKS * H, np.float32)), up(np.zeros(64, np.uint32))  # RED 3: a row a block
     gamma = cases["gate_up"]["norm"]
+    gamma_dev = up(gamma)
     dn_scales = cases["down"]["scales"].reshape(-1)
 
     def linear(name: str, layer_w: dict, x: int, out: int, res: int | None, choice: str | None = None) -> cd.KernelLaunch:
@@ -153,6 +157,22 @@ def main() -> None:
                                cd.pack_args(params, [lw["gu_tiles"], lw["dn_tiles"], lw["dn_scales"], x, lw["gamma"], acc,
                                                      counter, out, 1e-5]), pdl=True)
 
+    from grokc.targets import rules_mlp
+    grokc_syms = sys.argv[sys.argv.index("--grokc") + 1].split(",") if "--grokc" in sys.argv else []
+    gmod = cd.Module(lk.build_cubin(grokc_syms, lk.TARGET)) if grokc_syms else None
+    accs = [up(np.zeros(H, np.float32)) for _ in range(2)]
+    gabi = lk.KERNEL_ABI["mlp_decode"]
+
+    def grokc_mlp(sym: str, lw: dict, layer: int) -> cd.KernelLaunch:
+        vals = {"acc": accs[layer % 2], "clear": accs[1 - layer % 2], "x": h, "norm": gamma_dev,
+                "gate_up": lw["gate_up"], "gate_up_scales": lw["gate_up.s"], "gate_up_zeros": None,
+                "down": lw["down"], "down_scales": lw["down.s"], "down_zeros": None,
+                "hidden": H, "inter": INTER, "eps": 1e-5}
+        fn = gmod.function(sym)
+        fn.require_smem(rules_mlp.smem_bytes(H))
+        return cd.KernelLaunch(fn, (INTER // 64, 1, 1), (rules_mlp.THREADS, 1, 1), rules_mlp.smem_bytes(H),
+                               cd.pack_args(gabi, [vals[p.name] for p in gabi]), pdl=True)
+
     def mlp_base(lw):
         return [linear("gate_up", lw, h, mlp, None), linear("down", lw, mlp, h, h)]
 
@@ -164,7 +184,8 @@ def main() -> None:
     def chain(mlp_of, with_attn_proj: bool = True) -> list:
         out = []
         o_sym = "o_entry" if "--o-entry-fused" in sys.argv and mlp_of is not mlp_base else "o"
-        for lw in layers:
+        for layer, lw in enumerate(layers):
+            lw["layer"] = layer
             if with_attn_proj:
                 out += [linear("qkv", lw, h, qkv, None), attention(lw), linear("o", lw, attn, h, h, o_sym)]
             out += mlp_of(lw)
@@ -203,18 +224,27 @@ def main() -> None:
     print(json.dumps(result), flush=True)
     if "--check-only" in sys.argv:
         return
+    if "--ncu" in sys.argv:  # one launch of each kernel outside graphs, for Nsight Compute
+        for launch in [fused(variants[0], layers[1], h, h)] + [grokc_mlp(sym, layers[1], 1) for sym in grokc_syms]:
+            cd.launch(launch.function, launch.grid, launch.block, launch.smem, launch.args, stream)
+        stream.synchronize()
+        return
 
     # timing, µs per 16 layers; rounds interleaved
     timings: dict = {}
     for _ in range(3):
         for name, launches in [("base_qkv_o_mlp", chain(mlp_base)), ("base_mlp_only", chain(mlp_base, False))] + \
                 [(f"fused{v}_qkv_o_mlp", chain(lambda lw, v=v: [fused(v, lw, h, h)])) for v in variants] + \
-                [(f"fused{v}_mlp_only", chain(lambda lw, v=v: [fused(v, lw, h, h)], False)) for v in variants]:
+                [(f"fused{v}_mlp_only", chain(lambda lw, v=v: [fused(v, lw, h, h)], False)) for v in variants] + \
+                [(f"grokc_{sym}_qkv_o_mlp", chain(lambda lw, sym=sym: [grokc_mlp(sym, lw, lw["layer"])]))
+                 for sym in grokc_syms] + \
+                [(f"grokc_{sym}_mlp_only", chain(lambda lw, sym=sym: [grokc_mlp(sym, lw, lw["layer"])], False))
+                 for sym in grokc_syms]:
             us = timer.graph(launches, reps=reps)[0] * len(launches)
             timings.setdefault(name, []).append(round(us, 1))
     result["us_per_16_layers"] = timings
     result["ratio_fused_vs_base"] = {n: round(min(t) / min(timings["base_qkv_o_mlp" if "qkv" in n else "base_mlp_only"]), 3)
-                                     for n, t in timings.items() if n.startswith("fused")}
+                                     for n, t in timings.items() if n.startswith(("fused", "grokc"))}
     print(json.dumps(result, indent=1))
 
 
