@@ -116,7 +116,7 @@ def main() -> None:
     dn_scales = cases["down"]["scales"].reshape(-1)
 
     def linear(name: str, layer_w: dict, x: int, out: int, res: int | None, choice: str | None = None) -> cd.KernelLaunch:
-        s, c, a = shapes[name], sel[choice or name], cases[name]
+        s, c = shapes[name], sel[choice or name]
         vals = {"out": out, "x": x, "weight": layer_w[name], "scales": layer_w[name + ".s"], "zeros": None,
                 "norm": layer_w[name + ".n"], "residual": res, "addend": None, **s.dims}
         return cd.KernelLaunch(mod.function(c.kernel), c.grid, c.block, c.smem,
@@ -164,9 +164,11 @@ def main() -> None:
     gabi = lk.KERNEL_ABI["mlp_decode"]
 
     def grokc_mlp(sym: str, lw: dict, layer: int) -> cd.KernelLaunch:
+        packed = "_a" in sym and int(sym.rsplit("_a", 1)[1]) & 96 == 96  # the probe's layouts (ABL 96)
         vals = {"acc": accs[layer % 2], "clear": accs[1 - layer % 2], "x": h, "norm": gamma_dev,
-                "gate_up": lw["gate_up"], "gate_up_scales": lw["gate_up.s"], "gate_up_zeros": None,
-                "down": lw["down"], "down_scales": lw["down.s"], "down_zeros": None,
+                "gate_up": lw["gu_tiles" if packed else "gate_up"], "gate_up_scales": lw["gate_up.s"],
+                "gate_up_zeros": None, "down": lw["dn_tiles" if packed else "down"], "down_scales": lw["down.s"],
+                "down_zeros": None,
                 "hidden": H, "inter": INTER, "eps": 1e-5}
         fn = gmod.function(sym)
         fn.require_smem(rules_mlp.smem_bytes(H))
@@ -216,6 +218,18 @@ def main() -> None:
             result[f"fused{v}_mlp_rel_err"] = float(np.linalg.norm(got - want) / np.linalg.norm(want))
             got2 = run_once([fused(v, layers[0], h, h)])
             result[f"fused{v}_repeat_max_diff"] = float(np.max(np.abs(got2 - got)))
+    for sym in grokc_syms:  # one grokc MLP from zero sums: x + mlp(x) (ablations that skip work are wrong)
+        zero = np.zeros(H, np.float32)
+        for buf in keep:
+            if buf.ptr in accs:
+                buf.upload(zero)
+        keep[0].upload(h0)
+        g = cd.Graph([grokc_mlp(sym, layers[0], 0)])
+        g.launch(stream)
+        stream.synchronize()
+        g.close()
+        got = next(b for b in keep if b.ptr == accs[0]).download().view(np.float32)
+        result[f"grokc_{sym}_mlp_rel_err"] = float(np.linalg.norm(got - want) / np.linalg.norm(want))
     want16 = run_once(chain(mlp_base))
     for v in variants:
         if v[1] in (0, 2):

@@ -3,7 +3,7 @@
 Same module protocol as ``rules_misc``: ``RULES``, ``HEADERS`` and ``kernel_source(symbol)``.
 
 - ``mlp_decode.split_k``: one block of 512 threads per 64 intermediate outputs, the block's gate/up
-  rows and down columns staged whole in shared memory (``102 H + 2344`` bytes), down's partial sums
+  rows and down columns staged whole in shared memory (``102 H + 3368`` bytes), down's partial sums
   added with vector reductions. sm_90 and newer (bulk copies, mbarriers, ``red.v4.f32``), ``H`` a
   multiple of 256 up to 2048 (the staged rows must fit), ``I`` a multiple of 64, q4 per output
   channel. Its launch carries a programmatic edge: its blocks request their weights while the launch
@@ -33,7 +33,7 @@ _PTR_TYPES = {"acc": "float*", "clear": "float*", "x": "const half*", "norm": "c
 
 def smem_bytes(hidden: int) -> int:
     """Dynamic shared memory of a launch, as mlp_decode.cuh lays it out (MLP_DECODE_SMEM)."""
-    return 102 * hidden + 2344
+    return 102 * hidden + 3368
 
 
 def fits(sm: int, smem_per_block: int, hidden: int, inter: int) -> bool:

@@ -25,7 +25,7 @@
 #include "linear_gemv2.cuh"  // q4_pairs, mma_16816
 #include "pdl.cuh"
 
-#define MLP_DECODE_SMEM(H) (102 * (H) + 2344)
+#define MLP_DECODE_SMEM(H) (102 * (H) + 3368)
 
 namespace grokc {
 namespace mlp {
@@ -81,7 +81,9 @@ __device__ __forceinline__ void cp_async16_l2(void* dst, const void* src) {
 // bit 3 each block first pulls a contiguous 1 / grid of the down weight into L2 (bulk prefetch),
 // bit 4 the down columns are requested after griddepcontrol.wait instead of at entry, bit 5 the down
 // "columns" are 32 H contiguous bytes of the down weight (a packed layout's traffic; values wrong),
-// bit 6 gate/up as 64 H contiguous bytes read as MMA-fragment tiles (bench/mlp_probe.cu's loop; values wrong),
+// bit 6 gate/up given as bench/mlp_probe.py's fragment-order tiles (8 per block, 16512 bytes each) and
+// read by the probe's loop; with bit 5, down given as the probe's packed slices ([rg][lane][kb] words):
+// ABL 96 is the probe's layouts under this kernel's semantics (bench/mlp_probe.py --grokc),
 // bit 7 every weight request after griddepcontrol.wait (none while the launch before runs).
 template <int ABL = 0>
 __device__ __forceinline__ void mlp_decode(float* acc, float* clear, const __half* x, const __half* norm,
@@ -91,7 +93,7 @@ __device__ __forceinline__ void mlp_decode(float* acc, float* clear, const __hal
   extern __shared__ __align__(128) uint8_t smem[];
   const int row_bytes = H / 2, steps = H / 128;
   uint8_t* gu_s = smem;                                                  // [128 rows][H / 2]: gate 0..63, up 0..63
-  uint8_t* dn_s = gu_s + 64 * H;                                         // [H rows][32 B]: this block's columns
+  uint8_t* dn_s = gu_s + 64 * H + 1024;                                  // [H rows][32 B]: this block's columns
   uint4* xs = reinterpret_cast<uint4*>(dn_s + 32 * H);                   // [H / 8] pieces of x * norm, x_slot order
   __half* dsc = reinterpret_cast<__half*>(xs + H / 8);                   // [H] down scales
   __half* dzs = dsc + H;                                                 // [H] down zeros (when there are)
@@ -114,9 +116,11 @@ __device__ __forceinline__ void mlp_decode(float* acc, float* clear, const __hal
     for (int c = 0; c < 4; ++c) {
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bars + c)), "r"(2 * chunk)
                    : "memory");
-      if (ABL & 64) {
-        bulk_rows(gu_s + 2 * c * chunk, gate_up + (size_t)b * 8 * chunk + 2 * c * chunk, chunk, bars + c);
-        bulk_rows(gu_s + (2 * c + 1) * chunk, gate_up + (size_t)b * 8 * chunk + (2 * c + 1) * chunk, chunk, bars + c);
+      if (ABL & 64) {  // tiles 2c and 2c + 1 (with their 128-byte tails) on barrier c
+        asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bars + c)), "r"(256u)
+                     : "memory");
+        for (int i = 2 * c; i < 2 * c + 2; ++i)
+          bulk_rows(gu_s + i * (chunk + 128), gate_up + ((size_t)b * 8 + i) * (chunk + 128), chunk + 128, bars + c);
         continue;
       }
       bulk_rows(gu_s + c * chunk, gate_up + ((size_t)kUnits * b + 16 * c) * row_bytes, chunk, bars + c);
@@ -197,26 +201,31 @@ __device__ __forceinline__ void mlp_decode(float* acc, float* clear, const __hal
   if (ABL & 64) {  // the probe's loop: warp w takes half the k blocks of tile w / 2
     const int tw = w >> 1;
     bar_wait(bars + tw / 2);
-    const uint8_t* tile = gu_s + tw * chunk;
+    const uint8_t* tile = gu_s + tw * (chunk + 128);
     float c[8][4] = {};
-    const uint2* xb = reinterpret_cast<const uint2*>(xs);
-    const int q0 = (w & 1) * (steps * 2);
-    for (int q = q0; q < q0 + steps * 2; ++q) {
-      const uint4 wd = *reinterpret_cast<const uint4*>(tile + 16 * (q * 32 + lane));
-      const uint32_t words[4] = {wd.x, wd.y, wd.z, wd.w};
+    const int q0 = (w & 1) * steps;  // a tile is H / 64 words of 4 k blocks a lane: half of them a warp
+    for (int q2 = q0; q2 < q0 + steps; q2 += 2) {  // steps is even: two words a turn, eight accumulators
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t a[4];
-        q4_pairs(words[j], a);
-        const uint2 xv = xb[(4 * q + j) * 4 + t];
-        const uint32_t bb[2] = {xv.x, xv.y};
-        mma_16816(c[j + 4 * (q & 1)], a, bb);
+      for (int hh = 0; hh < 2; ++hh) {
+        const int q = q2 + hh;
+        const uint4 wd = *reinterpret_cast<const uint4*>(tile + 16 * (q * 32 + lane));
+        const uint32_t words[4] = {wd.x, wd.y, wd.z, wd.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int kb = 4 * q + j;  // x (2t, 2t + 1) of pieces 2 kb and 2 kb + 1
+          const uint32_t bb[2] = {reinterpret_cast<const uint32_t*>(xs + x_slot(2 * kb))[t],
+                                  reinterpret_cast<const uint32_t*>(xs + x_slot(2 * kb + 1))[t]};
+          uint32_t a[4];
+          q4_pairs(words[j], a);
+          mma_16816(c[j + 4 * hh], a, bb);
+        }
       }
     }
     float gt = 0.f, up = 0.f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) gt += c[i][0], up += c[i][2];
-    if (t == 0) part[16 * w + g] = gt, part[16 * w + 8 + g] = up;
+    const int slot = tw + kRowGroups * (w & 1);  // as the row-major path's warps j, j + 8
+    if (t == 0) part[16 * slot + g] = gt, part[16 * slot + 8 + g] = up;
   } else {
   // gate_up: warp w takes row group j = w % 8 (gate rows 8 j + g, up rows 8 j + g), every kSplit-th step
     const int j = w % kRowGroups, lo = 8 * j + g, hi = kUnits + 8 * j + g;
@@ -278,7 +287,18 @@ __device__ __forceinline__ void mlp_decode(float* acc, float* clear, const __hal
       const uint2 wh = *reinterpret_cast<const uint2*>(dn_s + 32 * (16 * rg + g + 8) + 8 * t);
       const uint32_t wlo[2] = {wl.x, wl.y}, whi[2] = {wh.x, wh.y};
       float c[4] = {};
-      {
+      if ((ABL & 96) == 96) {  // the probe's slice: words kb 0..3 of lane (g, t), each a whole A fragment
+        const uint4 wd = *reinterpret_cast<const uint4*>(dn_s + 16 * (rg * 32 + lane));
+        const uint32_t words[4] = {wd.x, wd.y, wd.z, wd.w};
+        const uint32_t* ah = reinterpret_cast<const uint32_t*>(act);
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb) {
+          uint32_t a[4];
+          q4_pairs(words[kb], a);
+          const uint32_t bb[2] = {ah[8 * kb + t], ah[8 * kb + 4 + t]};
+          mma_16816(c, a, bb);
+        }
+      } else {
         uint32_t pl[4], ph[4];
         q4_pairs(wlo[0], pl);
         q4_pairs(whi[0], ph);
