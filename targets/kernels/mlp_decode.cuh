@@ -2,7 +2,7 @@
 // gate_up and down halves. Block b owns intermediate outputs [64 b, 64 b + 64): it computes their
 // activations from its 64 gate and 64 up rows, multiplies them by its 64 columns of W_down and adds
 // the H partial sums into the f32 accumulator `acc` with vector reductions (block 0 adds x, the
-// residual, to its own). Nothing waits for the whole grid: the launch after reads `acc` once this
+// residual, too). Nothing waits for the whole grid: the launch after reads `acc` once this
 // grid is complete (griddepcontrol.wait). Every weight byte of a block (gate/up rows by bulk copies,
 // the down columns by cp.async) is requested at entry, before griddepcontrol.wait, so the stream
 // runs while the launch before finishes (bench/mlp_probe.py; docs/perf-notes.md run 82).
@@ -231,15 +231,25 @@ __device__ __forceinline__ void mlp_decode(float* acc, float* clear, const __hal
     const int j = w % kRowGroups, lo = 8 * j + g, hi = kUnits + 8 * j + g;
     bar_wait(bars + j / 2);
     float c[2][4] = {};
+    // Per lane, once: the step sequence (s + g) mod steps for s = w / 8, + kSplit, ... keeps the
+    // parity of its first step (steps and kSplit are even), so x_slot's flip of pieces 16 st + 4 t + v
+    // is the same for every step: v ^ flip.
+    int st = w / kRowGroups + g;
+    while (st >= steps) st -= steps;
+    const int flip = (((t >> 1) & 1) << 1) | (st & 1);
+    const uint8_t* wlo_p = gu_s + lo * row_bytes + 16 * t;
+    const uint8_t* whi_p = gu_s + hi * row_bytes + 16 * t;
+    const uint4* xs_t = xs + 4 * t;
     for (int s = w / kRowGroups; s < steps; s += kSplit) {
-      int st = s + g;  // (s + g) mod steps
-      while (st >= steps) st -= steps;
-      const uint4 wl = *reinterpret_cast<const uint4*>(gu_s + lo * row_bytes + 64 * st + 16 * t);
-      const uint4 wh = *reinterpret_cast<const uint4*>(gu_s + hi * row_bytes + 64 * st + 16 * t);
+      const uint4 wl = *reinterpret_cast<const uint4*>(wlo_p + 64 * st);
+      const uint4 wh = *reinterpret_cast<const uint4*>(whi_p + 64 * st);
       const uint32_t wlo[4] = {wl.x, wl.y, wl.z, wl.w}, whi[4] = {wh.x, wh.y, wh.z, wh.w};
+      const uint4* xs_st = xs_t + 16 * st;
+      st += kSplit;
+      if (st >= steps) st -= steps;
 #pragma unroll
       for (int v = 0; v < 4; ++v) {
-        const uint4 xv = xs[x_slot(16 * st + 4 * t + v)];
+        const uint4 xv = xs_st[v ^ flip];
         uint32_t pl[4], ph[4];
         q4_pairs(wlo[v], pl);
         q4_pairs(whi[v], ph);
@@ -281,7 +291,6 @@ __device__ __forceinline__ void mlp_decode(float* acc, float* clear, const __hal
     const uint4 p0 = reinterpret_cast<const uint4*>(act)[2 * t], p1 = reinterpret_cast<const uint4*>(act)[2 * t + 1];
     const uint32_t b00[2] = {p0.x, p0.y}, b01[2] = {p0.z, p0.w}, b10[2] = {p1.x, p1.y}, b11[2] = {p1.z, p1.w};
     const float sa = sums[0] + sums[1];  // sum of the activations (zero points)
-    const bool adds_x = b == 0;
     for (int rg = w; rg < H / 16; rg += kWarps) {
       const uint2 wl = *reinterpret_cast<const uint2*>(dn_s + 32 * (16 * rg + g) + 8 * t);
       const uint2 wh = *reinterpret_cast<const uint2*>(dn_s + 32 * (16 * rg + g + 8) + 8 * t);
@@ -327,7 +336,6 @@ __device__ __forceinline__ void mlp_decode(float* acc, float* clear, const __hal
       }
       lo *= __half2float(dsc[r_lo]);
       hi *= __half2float(dsc[r_hi]);
-      if (adds_x) lo += __half2float(x[r_lo]), hi += __half2float(x[r_hi]);
       // lanes 0 and 16 (t = 0, g = 0 and 4) gather four consecutive rows each
       const float lo1 = __shfl_down_sync(0xffffffffu, lo, 4), lo2 = __shfl_down_sync(0xffffffffu, lo, 8),
                   lo3 = __shfl_down_sync(0xffffffffu, lo, 12), hi1 = __shfl_down_sync(0xffffffffu, hi, 4),
@@ -338,6 +346,12 @@ __device__ __forceinline__ void mlp_decode(float* acc, float* clear, const __hal
       }
     }
   }
+  if (b == 0)  // the residual, once: block 0 adds x
+    for (int i = tid; i < H / 4; i += kThreads) {
+      const uint2 v = __ldcg(reinterpret_cast<const uint2*>(x) + i);
+      const float2 a = __half22float2(u32_as_h2(v.x)), c = __half22float2(u32_as_h2(v.y));
+      red_add4(acc + 4 * i, a.x, a.y, c.x, c.y);
+    }
 }
 
 }  // namespace mlp
