@@ -36,6 +36,14 @@
 #ifndef CL
 #define CL 4
 #endif
+// SEM: mlp_decode's semantics added to this kernel one at a time (bench/mlp_probe.py's fifth variant
+// field), to find what makes grokc's kernel slower (docs/perf-notes.md run 88): bit 0 block 0 adds
+// h1 (the residual) into acc after its down rows, bit 1 `clear` zeroed after the wait, bit 2 zero
+// points (gu_zeros per gate/up row, dn_zeros per down row, off the sums of x and of the
+// activations), bit 3 gate/up scales from gu_scales instead of the tiles' tails.
+#ifndef SEM
+#define SEM 0
+#endif
 #if RED == 2
 #define CLUSTER_ATTR __cluster_dims__(CL, 1, 1)
 #else
@@ -48,7 +56,7 @@ constexpr int kW = WARPS, kT = 32 * kW, kH = 2048, kUnits = 64, kSplit = kW / 8;
 constexpr int kGuTile = 16384 + 128, kGuTiles = 8, kDnBytes = kH * kUnits / 2, kDnCopies = 4;
 constexpr int kGuAt = 0, kDnAt = kGuAt + kGuTiles * kGuTile, kXAt = kDnAt + kDnBytes, kScAt = kXAt + kH * 2,
               kActAt = kScAt + kH * 2, kBarAt = kActAt + 256, kSumAt = kBarAt + 16 * 8, kPartAt = kSumAt + 128,
-              kSmem = kPartAt + kW * 16 * 4;
+              kRowsAt = kPartAt + kW * 16 * 4, kSmem = kRowsAt + (SEM & 12 ? 4 * 4 * kUnits + 2 * kH : 0);
 
 __device__ __forceinline__ uint32_t sa(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mbar_wait(uint64_t* b, uint32_t parity) {
@@ -96,7 +104,9 @@ __device__ __forceinline__ void red4(float* p, float a, float b, float c, float 
 
 extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(kT, 1)
     mlp_fused(const uint8_t* __restrict__ gu, const uint8_t* __restrict__ dn, const half* __restrict__ dn_scales,
-              const half* h1, const half* __restrict__ gamma, float* acc, unsigned* counter, half* out, float eps) {
+              const half* h1, const half* __restrict__ gamma, float* acc, unsigned* counter, half* out, float eps,
+              float* clear, const half* __restrict__ gu_scales, const half* __restrict__ gu_zeros,
+              const half* __restrict__ dn_zeros) {
   extern __shared__ __align__(128) uint8_t smem[];
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kBarAt);
   uint2* xs = reinterpret_cast<uint2*>(smem + kXAt);
@@ -121,9 +131,19 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(kT, 1)
   const int piece = tid & 255;
   const uint4 gm = __ldg(reinterpret_cast<const uint4*>(gamma) + piece);
   if (tid < 256) reinterpret_cast<uint4*>(scs)[tid] = __ldg(reinterpret_cast<const uint4*>(dn_scales) + tid);
+  float* rows_s = reinterpret_cast<float*>(smem + kRowsAt);  // SEM 8: [128] gate/up scales; SEM 4: [128] zeros - 8
+  half* dz_s = reinterpret_cast<half*>(rows_s + 4 * kUnits);  // SEM 4: [kH] down zeros
+  if (tid < 2 * kUnits) {
+    const int row = tid < kUnits ? kUnits * b + tid : kH * 4 + kUnits * b + tid - kUnits;  // I = 4 H
+    if (SEM & 8) rows_s[tid] = __half2float(gu_scales[row]);
+    if (SEM & 4) rows_s[2 * kUnits + tid] = __half2float(gu_zeros[row]) - 8.f;
+  }
+  if ((SEM & 4) && tid < kH / 8) reinterpret_cast<uint4*>(dz_s)[tid] = __ldg(reinterpret_cast<const uint4*>(dn_zeros) + tid);
   if (TRIG == 0) grokc_pdl_launch_dependents();
   grokc_pdl_wait();
   if (TRIG == 1) grokc_pdl_launch_dependents();
+  if (SEM & 2)
+    for (int i = b * kT + tid; i < kH; i += gridDim.x * kT) clear[i] = 0.f;
 
   // x = h1 * gamma as B fragments (piece tid = halves 8 tid .. 8 tid + 7), the sum of squares of h1
   const uint4 v = __ldcg(reinterpret_cast<const uint4*>(h1) + piece);
@@ -131,20 +151,25 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(kT, 1)
     const uint32_t* hv = reinterpret_cast<const uint32_t*>(&v);
     const uint32_t* hg = reinterpret_cast<const uint32_t*>(&gm);
     uint32_t* row = reinterpret_cast<uint32_t*>(xs + (tid >> 1) * 4) + (tid & 1);
-    float sq = 0.f;
+    float sq = 0.f, sx = 0.f;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float2 f = __half22float2(u2h(hv[e]));
       sq += f.x * f.x + f.y * f.y;
       row[2 * e] = h2u(__hmul2(u2h(hv[e]), u2h(hg[e])));
+      if (SEM & 4) {
+        const float2 fs = __half22float2(u2h(row[2 * e]));
+        sx += fs.x + fs.y;
+      }
     }
     sq = wsum(sq);
-    if (lane == 0) sums[w] = sq;
+    if (SEM & 4) sx = wsum(sx);
+    if (lane == 0) sums[w] = sq, sums[8 + w] = sx;
   }
   __syncthreads();
-  float ssq = 0.f;
+  float ssq = 0.f, sxn = 0.f;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) ssq += sums[i];
+  for (int i = 0; i < 8; ++i) ssq += sums[i], sxn += sums[8 + i];
   const float rms = rsqrtf(ssq / kH + eps);
 
   // gate_up: warps w take tile w / kSplit (8 gate rows g and the 8 up rows g + 8 of outputs
@@ -179,11 +204,17 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(kT, 1)
 #pragma unroll
     for (int s = 0; s < kSplit; ++s) gt += part[(j * kSplit + s) * 16 + gg], up += part[(j * kSplit + s) * 16 + 8 + gg];
     const half* sc = reinterpret_cast<const half*>(smem + kGuAt + j * kGuTile + 16384);
-    gt *= __half2float(sc[gg]) * rms;
-    up *= __half2float(sc[gg + 8]) * rms;
+    if (SEM & 4) gt -= rows_s[2 * kUnits + tid] * sxn, up -= rows_s[3 * kUnits + tid] * sxn;
+    gt *= ((SEM & 8) ? rows_s[tid] : __half2float(sc[gg])) * rms;
+    up *= ((SEM & 8) ? rows_s[kUnits + tid] : __half2float(sc[gg + 8])) * rms;
     act[tid] = __float2half_rn(gt / (1.f + __expf(-gt)) * up);
+    if (SEM & 4) {  // the sum of the activations, for the down rows' zero points
+      const float a = wsum(__half2float(act[tid]));
+      if (lane == 0) sums[20 + (tid >> 5)] = a;
+    }
   }
   __syncthreads();
+  const float sa = (SEM & 4) ? sums[20] + sums[21] : 0.f;
 
   // down: warp w takes row groups RG w .. RG w + RG - 1 of the block's columns
   {
@@ -208,7 +239,10 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(kT, 1)
         mma(c, a, ab[kb].x, ab[kb].y);
       }
       // rows 16 rg + g (c[0]) and + 8 (c[2]); lanes g % 4 == 0, t == 0 gather four consecutive rows
-      const float lo = c[0] * __half2float(scs[16 * rg + g]), hi = c[2] * __half2float(scs[16 * rg + 8 + g]);
+      float c0 = c[0], c2 = c[2];
+      if (SEM & 4)
+        c0 -= (__half2float(dz_s[16 * rg + g]) - 8.f) * sa, c2 -= (__half2float(dz_s[16 * rg + 8 + g]) - 8.f) * sa;
+      const float lo = c0 * __half2float(scs[16 * rg + g]), hi = c2 * __half2float(scs[16 * rg + 8 + g]);
       const float lo1 = __shfl_down_sync(0xffffffffu, lo, 4), lo2 = __shfl_down_sync(0xffffffffu, lo, 8),
                   lo3 = __shfl_down_sync(0xffffffffu, lo, 12);
       const float hi1 = __shfl_down_sync(0xffffffffu, hi, 4), hi2 = __shfl_down_sync(0xffffffffu, hi, 8),
@@ -243,6 +277,12 @@ extern "C" __global__ void CLUSTER_ATTR __launch_bounds__(kT, 1)
   }
   grokc_cluster_sync();  // no block leaves while another reads its shared memory
 #endif
+  if ((SEM & 1) && b == 0)  // the residual, once: block 0 adds h1
+    for (int i = tid; i < kH / 4; i += kT) {
+      const uint2 hv = __ldcg(reinterpret_cast<const uint2*>(h1) + i);
+      const float2 p0 = __half22float2(u2h(hv.x)), p1 = __half22float2(u2h(hv.y));
+      red4(acc + 4 * i, p0.x, p0.y, p1.x, p1.y);
+    }
   // the last block out: residual, f16, zero the accumulator for the next launch
   if (RED == 4) return;
   __threadfence();

@@ -3,7 +3,7 @@
 into an f32 accumulator), against the rule's gate_up and down gemv2 launches, in the same process on
 the same GPU, inside a 16-layer chain of qkv, o and the MLP joined by programmatic edges. Prints JSON.
 
-    python3 bench/mlp_probe.py [--reps 20] [--variants TRIG:RED:WARPS[:CL],...] [--o-entry] [--grokc SYM,...]
+    python3 bench/mlp_probe.py [--reps 20] [--variants TRIG:RED:WARPS[:CL[:SEM]],...] [--o-entry] [--grokc SYM,...]
 
 --grokc: also time grokc's own ``mlp_decode`` kernels (targets/kernels/mlp_decode.cuh; the artifact's
 symbol or its ablations ``mlp_decode_q4_a<N>``) on the row-major weights, in the same chains.
@@ -30,10 +30,10 @@ GU_TILE, DN_BYTES = 16384 + 128, H * 64 // 2
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def build(trig: int, red: int, warps: int, cl: int = 4) -> bytes:
+def build(trig: int, red: int, warps: int, cl: int = 4, sem: int = 0) -> bytes:
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "p.cubin"
-        subprocess.run([lk.find_nvcc(), "-arch=sm_90a", "-cubin", "-O3", f"-DTRIG={trig}", f"-DRED={red}", f"-DWARPS={warps}", f"-DCL={cl}",
+        subprocess.run([lk.find_nvcc(), "-arch=sm_90a", "-cubin", "-O3", f"-DTRIG={trig}", f"-DRED={red}", f"-DWARPS={warps}", f"-DCL={cl}", f"-DSEM={sem}",
                         f"-I{ROOT / 'targets' / 'kernels'}", str(Path(__file__).with_suffix(".cu")), "-o", str(out)],
                        check=True)
         return out.read_bytes()
@@ -137,7 +137,11 @@ def main() -> None:
         layers.append(lw)
 
     params = [lk.Param(n, lk.ArgKind.PTR) for n in ("gu", "dn", "dn_scales", "h1", "gamma", "acc", "counter", "out")] + \
-             [lk.Param("eps", lk.ArgKind.F32)]
+             [lk.Param("eps", lk.ArgKind.F32)] + \
+             [lk.Param(n, lk.ArgKind.PTR) for n in ("clear", "gu_scales", "gu_zeros", "dn_zeros")]
+    clear_buf = up(np.zeros(H, np.float32))  # SEM bits (bench/mlp_probe.cu): mlp_decode's semantics
+    gu_zeros = up(rng.uniform(5.0, 11.0, 2 * INTER).astype(np.float16))
+    dn_zeros = up(rng.uniform(5.0, 11.0, H).astype(np.float16))
     fused_mods = {v: cd.Module(build(*v)) for v in variants}
     smem_probe = cd.DeviceBuffer(256)
     smem = {}
@@ -155,7 +159,8 @@ def main() -> None:
         fn.require_smem(smem[v])
         return cd.KernelLaunch(fn, (BLOCKS, 1, 1), (32 * v[2], 1, 1), smem[v],
                                cd.pack_args(params, [lw["gu_tiles"], lw["dn_tiles"], lw["dn_scales"], x, lw["gamma"], acc,
-                                                     counter, out, 1e-5]), pdl=True)
+                                                     counter, out, 1e-5, clear_buf, lw["gate_up.s"], gu_zeros,
+                                                     dn_zeros]), pdl=True)
 
     from grokc.targets import rules_mlp
     grokc_syms = sys.argv[sys.argv.index("--grokc") + 1].split(",") if "--grokc" in sys.argv else []
