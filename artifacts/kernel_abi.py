@@ -61,11 +61,16 @@ Semantics (fp16 storage, fp32 arithmetic unless stated):
   ``acc += x + down(silu(gate) * up)`` with ``x`` f16 ``[1, hidden]``, ``gate`` and ``up`` the two
   halves of ``prologue(x) @ gate_up^T`` (``norm`` f16 ``[hidden]``, ``eps``), the activation rounded
   to f16, and ``down`` its product with the down weight, in f32. Both weights are q4 per output
-  channel (``linear``'s formula): ``gate_up`` u8 ``[2 inter, hidden/2]`` (gate rows, then up rows)
-  with ``gate_up_scales`` (and ``gate_up_zeros`` or null) f16 ``[2 inter]``; ``down`` u8
-  ``[hidden, inter/2]`` with ``down_scales`` (``down_zeros``) f16 ``[hidden]``. ``acc`` f32
-  ``[1, hidden]`` must hold zeros on entry (the kernel adds into it from many blocks); ``clear`` f32
-  ``[1, hidden]``, another buffer, is set to zeros: the next ``mlp_decode``'s ``acc``.
+  channel (``linear``'s formula) with their codes in ``artifacts/mlp_tiles.py``'s layouts:
+  ``gate_up_tiles`` (``GATE_UP`` of the u8 ``[2 inter, hidden/2]`` weight, gate rows then up rows)
+  with ``gate_up_scales`` (and ``gate_up_zeros`` or null) f16 ``[2 inter]``; ``down_tiles``
+  (``DOWN`` of ``[hidden, inter/2]``) with ``down_scales`` (``down_zeros``) f16 ``[hidden]``.
+  ``acc`` f32 ``[1, hidden]`` must hold zeros on entry (the kernel adds into it from many blocks);
+  ``clear`` f32 ``[1, hidden]``, another buffer, is set to zeros: the next ``mlp_decode``'s ``acc``.
+
+``pack_mlp_tiles``: ``out`` u8 = ``artifacts/mlp_tiles.py``'s layout ``part`` (0 ``GATE_UP``, 1
+  ``DOWN``) of the q4 ``weight`` of an MLP of sizes ``hidden``, ``inter`` (u8 ``[2 inter, hidden/2]``
+  or ``[hidden, inter/2]``); the ``init`` graph runs it once at load.
 
 ``attention_prefill``: one sequence of ``L`` padded tokens at positions ``0..L-1`` into slot
   ``b = slot[0]``, of which the first ``t_real = n_real[0]`` are real. ``qkv`` f16
@@ -155,9 +160,10 @@ KERNEL_ABI: dict[str, tuple[Param, ...]] = {
     "linear": (_p("out"), _p("x"), _p("weight"), _p("scales", True), _p("zeros", True),
                _p("norm", True), _p("residual", True), _p("addend", True),
                _i("M"), _i("N"), _i("K"), _i("group_size"), _f("eps")),
-    "mlp_decode": (_p("acc"), _p("clear"), _p("x"), _p("norm"), _p("gate_up"), _p("gate_up_scales"),
-                   _p("gate_up_zeros", True), _p("down"), _p("down_scales"), _p("down_zeros", True),
+    "mlp_decode": (_p("acc"), _p("clear"), _p("x"), _p("norm"), _p("gate_up_tiles"), _p("gate_up_scales"),
+                   _p("gate_up_zeros", True), _p("down_tiles"), _p("down_scales"), _p("down_zeros", True),
                    _i("hidden"), _i("inter"), _f("eps")),
+    "pack_mlp_tiles": (_p("out"), _p("weight"), _i("part"), _i("hidden"), _i("inter")),
     "sparse_residual": (_p("out"), _p("x"), _p("norm", True), _p("rowptr"), _p("cols"), _p("vals"),
                         _i("M"), _i("NW"), _i("K"), _f("eps")),
     "attention_prefill": (_p("out"), _p("qkv"), *_ROPE_AND_CACHE, _p("slot"), _p("n_real"),

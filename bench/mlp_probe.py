@@ -124,7 +124,8 @@ def main() -> None:
 
     table, inv = ak.rope_np(64)
     common = {"rope_table": up(table), "inv_freq": up(inv), "block_table": up(np.arange(16, dtype=np.int32)[None]),
-              "positions": up(np.array([227], np.int32)), "active": up(np.ones(1, np.int32)), **scal}
+              "positions": up(np.array([int(sys.argv[sys.argv.index("--position") + 1]) if "--position" in sys.argv else 227],
+                                     np.int32)), "active": up(np.ones(1, np.int32)), **scal}
     abi = lk.KERNEL_ABI["attention_decode"]
     layers = []
     for _ in range(LAYERS):  # a copy of every weight per layer: 16 layers are > 8x the L2

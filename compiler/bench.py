@@ -26,10 +26,12 @@ Progress = Callable[[str], None]
 
 def decode_bytes(plan: Plan, weights: dict[str, int], cfg: ModelConfig, batch: int, context: int) -> int:
     """Bytes one decode step must read: its weights once (one embedding row per slot: of the table and
-    of its scales and zeros when quantized; one row of the RoPE table per attention launch) + the KV
-    cache."""
+    of its scales and zeros when quantized; one row of the RoPE table per attention launch; the q4
+    codes ``mlp_decode`` reads from its tiles, packed from the weights at load) + the KV cache."""
     total = 0
     for launch in plan.graphs[f"decode_{batch}"].launches:
+        if launch.op == "mlp_decode":
+            total += sum(plan.buffers[launch.arg(p).buffer].nbytes for p in ("gate_up_tiles", "down_tiles"))
         for arg in launch.args:
             if arg.weight is None:
                 continue

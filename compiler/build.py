@@ -136,8 +136,11 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
     for target in targets:
         progress(f"lowering for {target.name}")
         plans[target.name] = lower(module, target)
-        if synthetic:
+        if synthetic:  # the fills run first: lowering's own init launches (pack_mlp_tiles) read the weights
             init = synthetic_weights.init_graph(synthetic, target)
+            lowered = plans[target.name].graphs.get("init")
+            if lowered is not None:
+                init = replace(init, launches=init.launches + lowered.launches)
             plans[target.name] = replace(plans[target.name], graphs={**plans[target.name].graphs, "init": init})
         kernels, cubin = compiled.get(target.name, (None, b""))
         if kernels != _kernels(plans[target.name]):

@@ -8,6 +8,7 @@ about the file layout or the runner lives here.
 
 from __future__ import annotations
 
+from grokc.artifacts import mlp_tiles
 from grokc.artifacts.errors import UnsupportedOp
 from grokc.artifacts.kernel_abi import KERNEL_ABI, ArgKind
 from grokc.artifacts.plan import Arg, Buffer, BufferKind, GraphPlan, Launch, Plan
@@ -25,12 +26,15 @@ def lower(module: Module, target: Target) -> Plan:
     for per_graph in mem.scratch.values():
         for p in per_graph.values():
             buffers[p.buffer] = Buffer(p.buffer, BufferKind.SCRATCH, p.type.dtype.value, tuple(p.type.shape), p.offset)
-    graphs = {}
+    graphs, init = {}, []
     for name, g in module.graphs.items():
         launches = tuple(_launch(module, g, mem, n, target) for n in g.nodes)
         logits = mem.placement(name, g.outputs[0]).buffer
         tokens = g.tensors[g.nodes[0].outputs[0]].shape[0]
         graphs[name] = GraphPlan(name, tokens, launches, logits)
+        init += [p for n in g.nodes if n.op is OpKind.MLP_DECODE for p in _pack_mlp_tiles(module, mem, n, target)]
+    if init:
+        graphs["init"] = GraphPlan("init", 0, tuple(init), "")
     plan = Plan(target.name, mem.arena_bytes, buffers, graphs)
     plan.validate()
     return plan
@@ -93,13 +97,31 @@ def _linear(m: Module, g: Graph, n: Node):
     return "linear", attrs, refs, dims
 
 
+def _mlp_sizes(m: Module, n: Node) -> dict[str, int]:
+    hidden, half_inter = m.params[n.inputs["down"]].shape
+    return {"hidden": hidden, "inter": 2 * half_inter}
+
+
 def _mlp_decode(m: Module, g: Graph, n: Node):
-    hidden = _type(m, g, n.inputs["x"]).shape[1]
-    inter = m.params[n.inputs["down"]].shape[1] * 2
-    roles = ("acc", "clear", "x", "norm", "gate_up", "gate_up_scales", "gate_up_zeros", "down", "down_scales",
-             "down_zeros")
+    roles = ("acc", "clear", "x", "norm", "gate_up_tiles", "gate_up_scales", "gate_up_zeros", "down_tiles",
+             "down_scales", "down_zeros")
     return "mlp_decode", {"weight_format": "q4"}, {r: n.inputs.get(r) for r in roles}, \
-        {"hidden": hidden, "inter": inter, "eps": n.attrs.norm_eps}
+        {**_mlp_sizes(m, n), "eps": n.attrs.norm_eps}
+
+
+def _pack_mlp_tiles(m: Module, mem: MemoryPlan, n: Node, target: Target) -> list[Launch]:
+    """The ``init`` launches that lay an MLP_DECODE node's weights out as its kernel streams them."""
+    launches = []
+    for part in mlp_tiles.Part:
+        name = part.name.lower()
+        dims = {**_mlp_sizes(m, n), "part": int(part)}
+        refs = {"out": Arg("out", buffer=mem.state[n.inputs[f"{name}_tiles"]].buffer),
+                "weight": Arg("weight", weight=n.inputs[name])}
+        args = tuple(refs.get(p.name) or Arg(p.name, value=dims[p.name]) for p in KERNEL_ABI["pack_mlp_tiles"])
+        choice = select(KernelCall("pack_mlp_tiles", {}, dims), target)
+        launches.append(Launch("pack_mlp_tiles", choice.kernel, choice.grid, choice.block, choice.smem, args, {},
+                               f"init:{n.inputs[name]}", choice.rule, choice.pdl))
+    return launches
 
 
 def _sparse_residual(m: Module, g: Graph, n: Node):

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from grokc.artifacts import int4, int8
+from grokc.artifacts import int4, int8, mlp_tiles
 from grokc.artifacts.errors import ArtifactError
 from grokc.artifacts.kernel_abi import KERNEL_ABI, KERNEL_VARIANTS, KV_BLOCK_SIZE, ArgKind
 from grokc.artifacts.plan import Buffer, Launch, Plan
@@ -153,20 +153,30 @@ def linear(args: dict[str, Any], attrs: Mapping[str, str], dense: np.ndarray | N
 
 def mlp_decode(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
     """``acc += x + down(silu(gate) * up)`` (batch 1), then ``clear = 0``: the two ``linear`` launches
-    it replaces, gate_up's f16 activations and down's residual add in f32, summed into ``acc``."""
+    it replaces, gate_up's f16 activations and down's residual add in f32, summed into ``acc``; the
+    weights' codes unpacked from their tiles (artifacts/mlp_tiles.py)."""
     h, i = args["hidden"], args["inter"]
+    weights = {part: mlp_tiles.unpack(_arr(args, f"{name}_tiles", U8, math.prod(mlp_tiles.shape(part, h, i)) // 2),
+                                      part, h, i)
+               for part, name in ((mlp_tiles.Part.GATE_UP, "gate_up"), (mlp_tiles.Part.DOWN, "down"))}
     q4 = {"weight_format": "q4", "out_dtype": "f16"}
     act = np.empty((1, i), F16)
-    linear({"out": act, "x": args["x"], "weight": args["gate_up"], "scales": args["gate_up_scales"],
+    linear({"out": act, "x": args["x"], "weight": weights[mlp_tiles.Part.GATE_UP], "scales": args["gate_up_scales"],
             "zeros": args["gate_up_zeros"], "norm": args["norm"], "residual": None, "addend": None, "M": 1, "N": i,
             "K": h, "group_size": 0, "eps": args["eps"]}, {**q4, "act": "silu_mul"})
     y = np.empty((1, h), F32)
-    linear({"out": y, "x": act, "weight": args["down"], "scales": args["down_scales"], "zeros": args["down_zeros"],
-            "norm": None, "residual": args["x"], "addend": None, "M": 1, "N": h, "K": i, "group_size": 0, "eps": 0.0},
-           {**q4, "act": "none", "out_dtype": "f32"})
+    linear({"out": y, "x": act, "weight": weights[mlp_tiles.Part.DOWN], "scales": args["down_scales"],
+            "zeros": args["down_zeros"], "norm": None, "residual": args["x"], "addend": None, "M": 1, "N": h, "K": i,
+            "group_size": 0, "eps": 0.0}, {**q4, "act": "none", "out_dtype": "f32"})
     acc = _arr(args, "acc", F32, 1, h)
     acc += y
     _arr(args, "clear", F32, 1, h)[...] = 0
+
+
+def pack_mlp_tiles(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
+    part, h, i = mlp_tiles.Part(args["part"]), args["hidden"], args["inter"]
+    n, k = mlp_tiles.shape(part, h, i)
+    _arr(args, "out", U8, n * k // 2)[...] = mlp_tiles.pack(_arr(args, "weight", U8, n, k // 2), part, h, i)
 
 
 def sparse_residual(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
@@ -366,6 +376,7 @@ OPS: dict[str, Callable[[dict[str, Any], dict[str, str]], None]] = {
     "linear": linear,
     "sparse_residual": sparse_residual,
     "mlp_decode": mlp_decode,
+    "pack_mlp_tiles": pack_mlp_tiles,
     "attention_prefill": attention_prefill,
     "attention_decode": attention_decode,
     "take_last": take_last,

@@ -395,6 +395,10 @@ def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
       compete with the kernel before it for memory and SMs. Llama-1B decode step, same device call:
       batch 1 0.987x, 2 0.973x, 4 0.950x, 8 0.943x; TR 1 on gate_up and down too was worse (0.960x
       at batch 8): they still stream after the wait, and the next kernel's early start overlaps that.
+      Except a linear adding an f32 residual: the o projection in front of ``mlp_decode``
+      (``passes/fuse_decode_mlp.py``), whose blocks do nothing but request their weights before their
+      own wait, so they should start while o waits for attention (docs/perf-notes.md run 84: -14 to
+      -16 us a step).
     """
     groups = -(-lin.n // 8) if lin.act == "silu" else -(-lin.nw // 16)
     nsteps = -(-lin.k // gemv2_step_k(lin.wf))
@@ -408,7 +412,7 @@ def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
     per = -(-nsteps // ks)
     big_m = lin.m > 4
     d = min(3 if ks == 1 else 2, per)
-    tr = int(target.has_pdl and per <= d)  # all of a warp's weights are loaded before the wait
+    tr = int(target.has_pdl and per <= d and "r32" not in lin.io)  # a warp loads all its weights before the wait
     if ks == 1:
         return Gemv2(lin.wf, lin.act, lin.out, r, 1, 8 if big_m else 4, d, 2, int(big_m), 0, tr, lin.io)
     wn = 2 if big_m and rows >= 2 * target.num_sms else 1

@@ -1,15 +1,23 @@
-"""Kernel rules for ``mlp_decode`` (kernel in ``kernels/mlp_decode.cuh``).
+"""Kernel rules for ``mlp_decode`` and its ``pack_mlp_tiles`` (kernels in ``kernels/mlp_decode.cuh``).
 
 Same module protocol as ``rules_misc``: ``RULES``, ``HEADERS`` and ``kernel_source(symbol)``.
 
-- ``mlp_decode.split_k``: one block of 512 threads per 64 intermediate outputs, the block's gate/up
-  rows and down columns staged whole in shared memory (``102 H + 3368`` bytes), down's partial sums
-  added with vector reductions. sm_90 and newer (bulk copies, mbarriers, ``red.v4.f32``), ``H`` a
-  multiple of 256 up to 2048 (the staged rows must fit), ``I`` a multiple of 64, q4 per output
-  channel. Its launch carries a programmatic edge: its blocks request their weights while the launch
-  before (the attention output projection) finishes.
+- ``mlp_decode.split_k``: one block of 512 threads per 64 intermediate outputs, the block's 8
+  gate/up tiles and its down slice (artifacts/mlp_tiles.py) staged whole in shared memory by bulk
+  copies (``102 H + 2560`` bytes), down's partial sums added with vector reductions. sm_90 and newer
+  (bulk copies, mbarriers, ``red.v4.f32``), ``H`` a multiple of 256 up to 2048 (the staged weights
+  must fit), ``I`` a multiple of 64, q4 per output channel; one symbol per ``H``
+  (``mlp_decode_q4_h<H>``: the loops' trip counts are constants). Its launch carries a programmatic
+  edge and lets the next launch in at its entry: its blocks request their weights while the launch
+  before (the attention output projection) finishes. Registers are capped at 64 a thread
+  (``__launch_bounds__(512, 2)``; shared memory still allows one block an SM): 32 K registers are
+  left for a block of the next layer's qkv GEMV (256 threads of up to 128), which then joins the
+  SM and loads its weights while the MLP runs (docs/perf-notes.md run 92: 496.9 against 514.2 µs
+  a step uncapped, 71 registers).
+- ``pack_mlp_tiles.grid_stride``: a word of the layout a thread, 256 threads a block, at most 4096
+  blocks (it runs once, at load).
 
-There is no fallback kernel: ``passes/fuse_decode_mlp.py`` creates the op only where ``fits`` says
+There is no fallback kernel: ``passes/fuse_decode_mlp.py`` creates the ops only where ``fits`` says
 this rule answers, for every target of the build (``compiler/build.py``).
 """
 
@@ -25,15 +33,21 @@ THREADS = 512       # grokc::mlp::kThreads
 UNITS = 64          # grokc::mlp::kUnits: intermediate outputs per block
 MIN_SM = 90
 MAX_HIDDEN = 2048
-SYMBOL = "mlp_decode_q4"
+PACK_SYMBOL = "pack_mlp_tiles"
+PACK_THREADS = 256
 _PTR_TYPES = {"acc": "float*", "clear": "float*", "x": "const half*", "norm": "const half*",
-              "gate_up": "const uint8_t*", "gate_up_scales": "const half*", "gate_up_zeros": "const half*",
-              "down": "const uint8_t*", "down_scales": "const half*", "down_zeros": "const half*"}
+              "gate_up_tiles": "const uint8_t*", "gate_up_scales": "const half*", "gate_up_zeros": "const half*",
+              "down_tiles": "const uint8_t*", "down_scales": "const half*", "down_zeros": "const half*",
+              "out": "uint8_t*", "weight": "const uint8_t*"}
+
+
+def symbol(hidden: int) -> str:
+    return f"mlp_decode_q4_h{hidden}"
 
 
 def smem_bytes(hidden: int) -> int:
     """Dynamic shared memory of a launch, as mlp_decode.cuh lays it out (MLP_DECODE_SMEM)."""
-    return 102 * hidden + 3368
+    return 102 * hidden + 2560
 
 
 def fits(sm: int, smem_per_block: int, hidden: int, inter: int) -> bool:
@@ -46,19 +60,33 @@ def split_k(call: KernelCall, target: Target) -> KernelChoice | None:
     h, i = int(call.dims["hidden"]), int(call.dims["inter"])
     if call.attrs.get("weight_format", "q4") != "q4" or not fits(target.sm, target.smem_per_block, h, i):
         return None
-    return KernelChoice(SYMBOL, (i // UNITS, 1, 1), (THREADS, 1, 1), smem_bytes(h), "mlp_decode.split_k", pdl=True)
+    return KernelChoice(symbol(h), (i // UNITS, 1, 1), (THREADS, 1, 1), smem_bytes(h), "mlp_decode.split_k", pdl=True)
 
 
-RULES: dict[str, list[KernelRule]] = {"mlp_decode": [split_k]}
+def grid_stride(call: KernelCall, target: Target) -> KernelChoice | None:
+    h, i = int(call.dims["hidden"]), int(call.dims["inter"])
+    if not fits(target.sm, target.smem_per_block, h, i):
+        return None
+    words = h * i // 4  # either part: (2 I x H or H x I codes) / 8
+    blocks = min(4096, -(-words // PACK_THREADS))
+    return KernelChoice(PACK_SYMBOL, (blocks, 1, 1), (PACK_THREADS, 1, 1), 0, "pack_mlp_tiles.grid_stride")
 
 
-_ABLATION = re.compile(rf"{SYMBOL}(?:_a(?P<abl>[1-9]\d{{0,2}}))?")  # timing ablations (mlp_decode.cuh's ABL)
+RULES: dict[str, list[KernelRule]] = {"mlp_decode": [split_k], "pack_mlp_tiles": [grid_stride]}
 
 
-def kernel_source(symbol: str) -> str | None:
-    """The entry point ``symbol`` as C++ over ``HEADERS``, or None when it is not this kernel."""
-    if (m := _ABLATION.fullmatch(symbol)) is None:
+_MLP = re.compile(r"mlp_decode_q4_h(?P<h>[1-9]\d*)")
+
+
+def kernel_source(symbol_: str) -> str | None:
+    """The entry point ``symbol_`` as C++ over ``HEADERS``, or None when it is not this module's."""
+    if symbol_ == PACK_SYMBOL:
+        decl, args = c_params("pack_mlp_tiles", _PTR_TYPES)
+        return (f'extern "C" __global__ void __launch_bounds__({PACK_THREADS}) {PACK_SYMBOL}({decl}) {{\n'
+                f"  grokc::mlp::pack_mlp_tiles({args});\n}}\n")
+    m = _MLP.fullmatch(symbol_)
+    if m is None or not fits(MIN_SM, smem_bytes(MAX_HIDDEN), int(m["h"]), UNITS):
         return None
     decl, args = c_params("mlp_decode", _PTR_TYPES)
-    return (f'extern "C" __global__ void __launch_bounds__({THREADS}, 1) {symbol}({decl}) {{\n'
-            f"  grokc::mlp::mlp_decode<{m['abl'] or 0}>({args});\n}}\n")
+    return (f'extern "C" __global__ void __launch_bounds__({THREADS}, 2) {symbol_}({decl}) {{\n'
+            f"  grokc::mlp::mlp_decode<{m['h']}>({args});\n}}\n")

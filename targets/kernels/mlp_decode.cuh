@@ -2,16 +2,17 @@
 // gate_up and down halves. Block b owns intermediate outputs [64 b, 64 b + 64): it computes their
 // activations from its 64 gate and 64 up rows, multiplies them by its 64 columns of W_down and adds
 // the H partial sums into the f32 accumulator `acc` with vector reductions (block 0 adds x, the
-// residual, too). Nothing waits for the whole grid: the launch after reads `acc` once this
-// grid is complete (griddepcontrol.wait). Every weight byte of a block (gate/up rows by bulk copies,
-// the down columns by cp.async) is requested at entry, before griddepcontrol.wait, so the stream
-// runs while the launch before finishes (bench/mlp_probe.py; docs/perf-notes.md run 82).
+// residual, too). Nothing waits for the whole grid: the launch after reads `acc` once this grid is
+// complete (griddepcontrol.wait). Every weight byte of a block (8 gate/up tiles, the down slice) is
+// requested by bulk copies at entry, before griddepcontrol.wait, and the next launch is let in at
+// once, so the stream runs while the launch before finishes (bench/mlp_probe.py, docs/perf-notes.md
+// runs 82 and 89).
 //
-// Reads the weights in their stored layouts (artifacts/int4.py, q4 per output channel): the block's
-// gate rows and up rows are contiguous, 16 rows per bulk copy; its down columns are 32 bytes of
-// each row. Shared memory holds rows as stored, so lane (g, t) of a row group reads row g at step
-// (s + g) mod S: the eight rows of a quarter warp fall on different banks, and column g of B
-// holds x at that same step, so the useful sums sit on the MMA's diagonal (C[g][g], C[g + 8][g]).
+// The weights come in artifacts/mlp_tiles.py's layouts (`pack_mlp_tiles` below writes them at load):
+// a gate/up tile is 16 rows (8 gate, the 8 up rows of the same outputs) as mma.m16n8k16 A fragments,
+// 16 bytes a lane a 64-column chunk; the down slice of block b is rows 16 rg .. 16 rg + 15 of columns
+// 64 b .. 64 b + 63, row group after row group. x (times the norm's gamma) is staged once as B
+// fragments; every column of B holds x, so the sums sit in every column of C.
 //
 // Requirements (targets/rules_mlp.py checks them): sm_90, H % 256 == 0, H <= 2048, I % 64 == 0,
 // q4 per output channel; 512 threads; MLP_DECODE_SMEM(H) bytes of dynamic shared memory.
@@ -21,24 +22,41 @@
 #include <stdint.h>
 
 #include "common.cuh"
-#include "linear_common.cuh"
-#include "linear_gemv2.cuh"  // q4_pairs, mma_16816
+#include "linear_gemv2.cuh"  // q4_pairs
 #include "pdl.cuh"
 
-#define MLP_DECODE_SMEM(H) (102 * (H) + 3368)
+#define MLP_DECODE_SMEM(H) (102 * (H) + 2560)
 
 namespace grokc {
 namespace mlp {
 
 using gemv2::q4_pairs;
 
-constexpr int kWarps = 16, kThreads = 32 * kWarps, kUnits = 64, kRowGroups = kUnits / 8;
-constexpr int kSplit = kWarps / kRowGroups;  // warps per row group (splitting its steps)
+constexpr int kWarps = 16, kThreads = 32 * kWarps, kUnits = 64;
+constexpr int kTiles = kUnits / 8;          // gate/up tiles a block (8 outputs each)
+constexpr int kSplit = kWarps / kTiles;     // warps per tile, each half its chunks
+constexpr int kDownCopies = 4;              // bulk copies of the down slice (a barrier each)
+
+// Shared memory of a block, in bytes from the start.
+template <int H>
+struct Smem {
+  static constexpr int kTile = 8 * H, kDown = kUnits * H / 2;
+  static constexpr int kGateUp = 0, kDownAt = kTiles * kTile, kX = kDownAt + kDown;  // x: B fragments
+  static constexpr int kDownScales = kX + 2 * H, kDownZeros = kDownScales + 2 * H;    // f16 [H] each
+  static constexpr int kRows = kDownZeros + 2 * H;    // f32 [4][64]: gate, up scales; gate, up zeros - 8
+  static constexpr int kAct = kRows + 4 * 4 * kUnits; // f16 [64]
+  static constexpr int kPart = kAct + 256;            // f32 [warps][16]: gate/up partial sums
+  static constexpr int kSums = kPart + 4 * 16 * kWarps;  // f32 [32]
+  static constexpr int kBars = kSums + 128;           // u64 [kTiles + kDownCopies]
+  static constexpr int kBytes = kBars + 128;
+  static_assert(kBytes == MLP_DECODE_SMEM(H), "MLP_DECODE_SMEM");
+};
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
-__device__ __forceinline__ void bulk_rows(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 #else
@@ -65,293 +83,206 @@ __device__ __forceinline__ void red_add4(float* p, float a, float b, float c, fl
 #endif
 }
 
-// Position of 16-byte piece p (8 halves of x, p = 16 step + 4 t + v) in the staged x: its bits 0
-// and 1 flipped by the step's parity and t's high bit, so the eight lanes of a quarter warp
-// (steps s, s + 1; t = 0..3; one v) read eight different bank groups.
-__device__ __forceinline__ int x_slot(int p) { return p ^ (((p >> 3) & 1) << 1) ^ ((p >> 4) & 1); }
-
-// The down columns: 16 bytes from global, with an L2 prefetch of the 256 bytes around them (the
-// neighbouring blocks' columns of the same row, which they ask for at about the same time).
-__device__ __forceinline__ void cp_async16_l2(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
 }
 
-// ABL (timing ablations for bench/plan_variants.py, symbol mlp_decode_q4_a<ABL>; 0 in artifacts):
-// bit 0 the down columns are not loaded, bit 1 no MMAs, bit 2 the down columns without the L2 prefetch,
-// bit 3 each block first pulls a contiguous 1 / grid of the down weight into L2 (bulk prefetch),
-// bit 4 the down columns are requested after griddepcontrol.wait instead of at entry, bit 5 the down
-// "columns" are 32 H contiguous bytes of the down weight (a packed layout's traffic; values wrong),
-// bit 6 gate/up given as bench/mlp_probe.py's fragment-order tiles (8 per block, 16512 bytes each) and
-// read by the probe's loop; with bit 5, down given as the probe's packed slices ([rg][lane][kb] words):
-// ABL 96 is the probe's layouts under this kernel's semantics (bench/mlp_probe.py --grokc),
-// bit 7 every weight request after griddepcontrol.wait (none while the launch before runs).
-template <int ABL = 0>
-__device__ __forceinline__ void mlp_decode(float* acc, float* clear, const __half* x, const __half* norm,
-                                           const uint8_t* gate_up, const __half* gu_scales, const __half* gu_zeros,
-                                           const uint8_t* down, const __half* dn_scales, const __half* dn_zeros,
-                                           int H, int I, float eps) {
-  extern __shared__ __align__(128) uint8_t smem[];
-  const int row_bytes = H / 2, steps = H / 128;
-  uint8_t* gu_s = smem;                                                  // [128 rows][H / 2]: gate 0..63, up 0..63
-  uint8_t* dn_s = gu_s + 64 * H + 1024;                                  // [H rows][32 B]: this block's columns
-  uint4* xs = reinterpret_cast<uint4*>(dn_s + 32 * H);                   // [H / 8] pieces of x * norm, x_slot order
-  __half* dsc = reinterpret_cast<__half*>(xs + H / 8);                   // [H] down scales
-  __half* dzs = dsc + H;                                                 // [H] down zeros (when there are)
-  float* gsc = reinterpret_cast<float*>(dzs + H);                        // [128] gate/up row scales
-  float* gzd = gsc + 2 * kUnits;                                         // [128] (zero - 8), or 0
-  float* part = gzd + 2 * kUnits;                                        // [kWarps][16] diagonal sums
-  float* sums = part + kWarps * 16;                                      // [32]: warps' sums of squares, of x
-  __half* act = reinterpret_cast<__half*>(sums + 32);                    // [64] activations
-  uint64_t* bars = reinterpret_cast<uint64_t*>(act + kUnits);            // [5]: gate/up rows 16 c .. 16 c + 15; ABL 32
-  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3, b = blockIdx.x;
-  const uint32_t chunk = 16u * row_bytes;
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint2 b) {
+  const uint32_t bb[2] = {b.x, b.y};
+  mma_16816(c, a, bb);
+}
 
+template <int H>
+__device__ __forceinline__ void mlp_decode(float* acc, float* clear, const half* x, const half* __restrict__ norm,
+                                           const uint8_t* __restrict__ gate_up_tiles,
+                                           const half* __restrict__ gate_up_scales,
+                                           const half* __restrict__ gate_up_zeros,
+                                           const uint8_t* __restrict__ down_tiles,
+                                           const half* __restrict__ down_scales,
+                                           const half* __restrict__ down_zeros, int hidden, int inter, float eps) {
+  using S = Smem<H>;
+  constexpr int kPieces = H / 8;          // 16-byte pieces of x
+  constexpr int kChunks = H / 64;         // 64-column chunks of a gate/up row
+  constexpr int kRowGroups = H / 16;      // of the down slice
+  constexpr int kRgPerWarp = kRowGroups / kWarps;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBars);
+  uint2* xs = reinterpret_cast<uint2*>(smem + S::kX);
+  half* dsc = reinterpret_cast<half*>(smem + S::kDownScales);
+  half* dz = reinterpret_cast<half*>(smem + S::kDownZeros);
+  float* rows = reinterpret_cast<float*>(smem + S::kRows);
+  half* act = reinterpret_cast<half*>(smem + S::kAct);
+  float* part = reinterpret_cast<float*>(smem + S::kPart);
+  float* sums = reinterpret_cast<float*>(smem + S::kSums);
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3, b = blockIdx.x;
+
+  // Before the wait: every weight byte of the block, the down scales and zeros, the gate/up rows'
+  // scales and zeros, gamma (none of them depends on the launch before).
   if (tid == 0) {
-    for (int c = 0; c < 5; ++c)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bars + c)) : "memory");
+    for (int i = 0; i < kTiles + kDownCopies; ++i)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bars + i)) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  auto load_gate_up = [&]() {  // every gate/up byte of the block: nothing here depends on the launch before
-    if (tid != 0) return;
-    for (int c = 0; c < 4; ++c) {
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bars + c)), "r"(2 * chunk)
-                   : "memory");
-      if (ABL & 64) {  // tiles 2c and 2c + 1 (with their 128-byte tails) on barrier c
-        asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bars + c)), "r"(256u)
-                     : "memory");
-        for (int i = 2 * c; i < 2 * c + 2; ++i)
-          bulk_rows(gu_s + i * (chunk + 128), gate_up + ((size_t)b * 8 + i) * (chunk + 128), chunk + 128, bars + c);
-        continue;
-      }
-      bulk_rows(gu_s + c * chunk, gate_up + ((size_t)kUnits * b + 16 * c) * row_bytes, chunk, bars + c);
-      bulk_rows(gu_s + 4 * chunk + c * chunk, gate_up + ((size_t)I + kUnits * b + 16 * c) * row_bytes, chunk, bars + c);
-    }
-  };
-  if (!(ABL & 128)) load_gate_up();
-  if ((ABL & 8) && tid == 0) {  // rows [r0, r1) of the down weight, contiguous, into L2
-    const int per = (H + gridDim.x - 1) / gridDim.x, r0 = min(H, per * b), r1 = min(H, r0 + per);
-    if (r1 > r0)
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(down + (size_t)r0 * (I / 2)),
-                   "r"((uint32_t)((r1 - r0) * (I / 2))) : "memory");
+  __syncthreads();
+  if (tid == 0) {
+    for (int i = 0; i < kTiles; ++i)
+      bulk_copy(smem + S::kGateUp + i * S::kTile, gate_up_tiles + ((size_t)b * kTiles + i) * S::kTile, S::kTile,
+                bars + i);
+    for (int i = 0; i < kDownCopies; ++i)
+      bulk_copy(smem + S::kDownAt + i * (S::kDown / kDownCopies),
+                down_tiles + (size_t)b * S::kDown + i * (S::kDown / kDownCopies), S::kDown / kDownCopies,
+                bars + kTiles + i);
   }
-  // the down columns (32 bytes of each row) and the scales, by cp.async
-  auto load_down = [&]() {
-    if (ABL & 32) {  // 4 bulk copies of 8 H contiguous bytes, on barrier 3 (waited on before down)
-      if (tid == 0) {
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bars + 4)),
-                     "r"(32u * H) : "memory");
-        for (int c = 0; c < 4; ++c)
-          bulk_rows(dn_s + c * 8 * H, down + (size_t)b * 32 * H + c * 8 * H, 8u * H, bars + 4);
-      }
-      return;
-    }
-    for (int i = tid; i < 2 * H && !(ABL & 1); i += kThreads) {
-      const uint8_t* src = down + (size_t)(i >> 1) * (I / 2) + 32 * b + 16 * (i & 1);
-      if (ABL & 4) cp_async16(dn_s + 16 * i, src, true);
-      else cp_async16_l2(dn_s + 16 * i, src);
-    }
-  };
-  if (!(ABL & 144)) load_down();
-  for (int i = tid; i < H / 8; i += kThreads) {
-    cp_async16(dsc + 8 * i, dn_scales + 8 * i, true);
-    if (dn_zeros != nullptr) cp_async16(dzs + 8 * i, dn_zeros + 8 * i, true);
+  uint4 gamma = make_uint4(0, 0, 0, 0);
+  if (tid < kPieces) {
+    gamma = __ldg(reinterpret_cast<const uint4*>(norm) + tid);
+    reinterpret_cast<uint4*>(dsc)[tid] = __ldg(reinterpret_cast<const uint4*>(down_scales) + tid);
+    reinterpret_cast<uint4*>(dz)[tid] = down_zeros ? __ldg(reinterpret_cast<const uint4*>(down_zeros) + tid)
+                                                   : make_uint4(0x48004800u, 0x48004800u, 0x48004800u, 0x48004800u);
   }
-  cp_async_commit();
-  if (tid < 2 * kUnits) {
-    const int row = tid < kUnits ? kUnits * b + tid : I + kUnits * b + tid - kUnits;
-    gsc[tid] = __half2float(gu_scales[row]);
-    gzd[tid] = gu_zeros != nullptr ? __half2float(gu_zeros[row]) - 8.f : 0.f;
+  if (tid < 2 * kUnits) {  // gate rows 64 b .., then up rows inter + 64 b ..
+    const int row = (tid < kUnits ? 0 : inter - kUnits) + kUnits * b + tid;
+    rows[tid] = __half2float(gate_up_scales[row]);
+    rows[2 * kUnits + tid] = gate_up_zeros ? __half2float(gate_up_zeros[row]) - 8.f : 0.f;
   }
   grokc_pdl_launch_dependents();
-  grokc_pdl_wait();  // x comes from the launch before; acc and clear are free from here on
-  if (ABL & 128) load_gate_up();
-  if (ABL & 144) {
-    load_down();
-    cp_async_commit();
-  }
+  grokc_pdl_wait();
   for (int i = b * kThreads + tid; i < H; i += gridDim.x * kThreads) clear[i] = 0.f;
 
-  // x * norm as f16 pieces; the sums of squares of x and of the staged values (for zero points)
-  float sq = 0.f, sx = 0.f;
-  for (int p = tid; p < H / 8; p += kThreads) {
-    const uint4 v = __ldcg(reinterpret_cast<const uint4*>(x) + p), nv = __ldg(reinterpret_cast<const uint4*>(norm) + p);
+  // x * gamma as B fragments (piece tid: halves 8 tid .. 8 tid + 7 of k block tid / 2), the sums of
+  // x^2 (the norm) and of x * gamma (the zero points)
+  if (tid < kPieces) {
+    const uint4 v = __ldcg(reinterpret_cast<const uint4*>(x) + tid);
     const uint32_t* hv = reinterpret_cast<const uint32_t*>(&v);
-    const uint32_t* hn = reinterpret_cast<const uint32_t*>(&nv);
-    uint4 o;
-    uint32_t* ho = reinterpret_cast<uint32_t*>(&o);
+    const uint32_t* hg = reinterpret_cast<const uint32_t*>(&gamma);
+    uint32_t* dst = reinterpret_cast<uint32_t*>(xs + (tid >> 1) * 4) + (tid & 1);
+    float sq = 0.f, sx = 0.f;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float2 f = __half22float2(u32_as_h2(hv[e]));
+      const __half2 xg = __hmul2(u32_as_h2(hv[e]), u32_as_h2(hg[e]));
+      const float2 fg = __half22float2(xg);
       sq += f.x * f.x + f.y * f.y;
-      ho[e] = h2_as_u32(__hmul2(u32_as_h2(hv[e]), u32_as_h2(hn[e])));
-      const float2 fs = __half22float2(u32_as_h2(ho[e]));
-      sx += fs.x + fs.y;
+      sx += fg.x + fg.y;
+      dst[2 * e] = h2_as_u32(xg);
     }
-    xs[x_slot(p)] = o;
+    sq = warp_sum(sq);
+    sx = warp_sum(sx);
+    if (lane == 0) sums[w] = sq, sums[8 + w] = sx;
   }
-  sq = warp_sum(sq);
-  sx = warp_sum(sx);
-  if (lane == 0) sums[w] = sq, sums[kWarps + w] = sx;
   __syncthreads();
-  float ssq = 0.f, sxn = 0.f;
+  float ssq = 0.f, sxg = 0.f;
 #pragma unroll
-  for (int i = 0; i < kWarps; ++i) ssq += sums[i], sxn += sums[kWarps + i];
+  for (int i = 0; i < kPieces / 32; ++i) ssq += sums[i], sxg += sums[8 + i];
   const float rms = rsqrtf(ssq / H + eps);
 
-  if (ABL & 64) {  // the probe's loop: warp w takes half the k blocks of tile w / 2
-    const int tw = w >> 1;
-    bar_wait(bars + tw / 2);
-    const uint8_t* tile = gu_s + tw * (chunk + 128);
-    float c[8][4] = {};
-    const int q0 = (w & 1) * steps;  // a tile is H / 64 words of 4 k blocks a lane: half of them a warp
-    for (int q2 = q0; q2 < q0 + steps; q2 += 2) {  // steps is even: two words a turn, eight accumulators
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int q = q2 + hh;
-        const uint4 wd = *reinterpret_cast<const uint4*>(tile + 16 * (q * 32 + lane));
-        const uint32_t words[4] = {wd.x, wd.y, wd.z, wd.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int kb = 4 * q + j;  // x (2t, 2t + 1) of pieces 2 kb and 2 kb + 1
-          const uint32_t bb[2] = {reinterpret_cast<const uint32_t*>(xs + x_slot(2 * kb))[t],
-                                  reinterpret_cast<const uint32_t*>(xs + x_slot(2 * kb + 1))[t]};
-          uint32_t a[4];
-          q4_pairs(words[j], a);
-          mma_16816(c[j + 4 * hh], a, bb);
-        }
-      }
-    }
-    float gt = 0.f, up = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) gt += c[i][0], up += c[i][2];
-    const int slot = tw + kRowGroups * (w & 1);  // as the row-major path's warps j, j + 8
-    if (t == 0) part[16 * slot + g] = gt, part[16 * slot + 8 + g] = up;
-  } else {
-  // gate_up: warp w takes row group j = w % 8 (gate rows 8 j + g, up rows 8 j + g), every kSplit-th step
-    const int j = w % kRowGroups, lo = 8 * j + g, hi = kUnits + 8 * j + g;
-    bar_wait(bars + j / 2);
-    float c[2][4] = {};
-    // Per lane, once: the step sequence (s + g) mod steps for s = w / 8, + kSplit, ... keeps the
-    // parity of its first step (steps and kSplit are even), so x_slot's flip of pieces 16 st + 4 t + v
-    // is the same for every step: v ^ flip.
-    int st = w / kRowGroups + g;
-    while (st >= steps) st -= steps;
-    const int flip = (((t >> 1) & 1) << 1) | (st & 1);
-    const uint8_t* wlo_p = gu_s + lo * row_bytes + 16 * t;
-    const uint8_t* whi_p = gu_s + hi * row_bytes + 16 * t;
-    const uint4* xs_t = xs + 4 * t;
-    for (int s = w / kRowGroups; s < steps; s += kSplit) {
-      const uint4 wl = *reinterpret_cast<const uint4*>(wlo_p + 64 * st);
-      const uint4 wh = *reinterpret_cast<const uint4*>(whi_p + 64 * st);
-      const uint32_t wlo[4] = {wl.x, wl.y, wl.z, wl.w}, whi[4] = {wh.x, wh.y, wh.z, wh.w};
-      const uint4* xs_st = xs_t + 16 * st;
-      st += kSplit;
-      if (st >= steps) st -= steps;
-#pragma unroll
-      for (int v = 0; v < 4; ++v) {
-        const uint4 xv = xs_st[v ^ flip];
-        uint32_t pl[4], ph[4];
-        q4_pairs(wlo[v], pl);
-        q4_pairs(whi[v], ph);
-        const uint32_t a0[4] = {pl[0], ph[0], pl[1], ph[1]}, b0[2] = {xv.x, xv.y};
-        const uint32_t a1[4] = {pl[2], ph[2], pl[3], ph[3]}, b1[2] = {xv.z, xv.w};
-        if (!(ABL & 2)) {
-          mma_16816(c[0], a0, b0);
-          mma_16816(c[1], a1, b1);
-        } else {
-          c[0][0] += __uint_as_float((a0[0] ^ a0[1] ^ a1[2] ^ a1[3] ^ b0[0] ^ b1[1]) & 0x3fffffffu);
-        }
-      }
-    }
-    if (t == (g >> 1)) {  // the diagonal: C[g][g] and C[g + 8][g]
-      const bool odd = g & 1;
-      part[16 * w + g] = odd ? c[0][1] + c[1][1] : c[0][0] + c[1][0];
-      part[16 * w + 8 + g] = odd ? c[0][3] + c[1][3] : c[0][2] + c[1][2];
-    }
-  }
-  __syncthreads();
-  if (tid < kUnits) {  // output 8 j + gg of the block, and the sum of the activations (zero points)
-    const int j = tid >> 3, gg = tid & 7;
-    float gt = 0.f, up = 0.f;
-    for (int k = 0; k < kSplit; ++k) gt += part[16 * (j + kRowGroups * k) + gg], up += part[16 * (j + kRowGroups * k) + 8 + gg];
-    gt = (gt - gzd[tid] * sxn) * gsc[tid] * rms;
-    up = (up - gzd[kUnits + tid] * sxn) * gsc[kUnits + tid] * rms;
-    act[tid] = __float2half_rn(silu(gt) * up);
-    const float a = warp_sum(__half2float(act[tid]));
-    if (lane == 0) sums[tid >> 5] = a;  // warps 0 and 1: their sums of squares were read above
-  }
-  cp_async_wait<0>();
-  if (ABL & 32) bar_wait(bars + 4);
-  __syncthreads();
-
-  // down: warp w takes row groups w, w + 16, ... of H / 16; lane (g, t) reads words 2t, 2t + 1 of
-  // rows 16 rg + g and + 8 (codes 16 t .. 16 t + 15 of the block's 64), B the matching activations
+  // gate_up: warps 2j, 2j + 1 take tile j (gate rows 64 b + 8 j + g, up rows alike), half its chunks each
   {
-    // pieces 2t and 2t + 1 of the activations (8 halves each): B of word 0 and word 1
-    const uint4 p0 = reinterpret_cast<const uint4*>(act)[2 * t], p1 = reinterpret_cast<const uint4*>(act)[2 * t + 1];
-    const uint32_t b00[2] = {p0.x, p0.y}, b01[2] = {p0.z, p0.w}, b10[2] = {p1.x, p1.y}, b11[2] = {p1.z, p1.w};
-    const float sa = sums[0] + sums[1];  // sum of the activations (zero points)
-    for (int rg = w; rg < H / 16; rg += kWarps) {
-      const uint2 wl = *reinterpret_cast<const uint2*>(dn_s + 32 * (16 * rg + g) + 8 * t);
-      const uint2 wh = *reinterpret_cast<const uint2*>(dn_s + 32 * (16 * rg + g + 8) + 8 * t);
-      const uint32_t wlo[2] = {wl.x, wl.y}, whi[2] = {wh.x, wh.y};
-      float c[4] = {};
-      if ((ABL & 96) == 96) {  // the probe's slice: words kb 0..3 of lane (g, t), each a whole A fragment
-        const uint4 wd = *reinterpret_cast<const uint4*>(dn_s + 16 * (rg * 32 + lane));
-        const uint32_t words[4] = {wd.x, wd.y, wd.z, wd.w};
-        const uint32_t* ah = reinterpret_cast<const uint32_t*>(act);
+    const int tile = w / kSplit, c0 = (w % kSplit) * (kChunks / kSplit);
+    bar_wait(bars + tile);
+    const uint8_t* words = smem + S::kGateUp + tile * S::kTile;
+    float c[8][4] = {};
+#pragma unroll 4
+    for (int q = c0; q < c0 + kChunks / kSplit; ++q) {
+      const uint4 wd = *reinterpret_cast<const uint4*>(words + 16 * (q * 32 + lane));
+      const uint32_t wv[4] = {wd.x, wd.y, wd.z, wd.w};
 #pragma unroll
-        for (int kb = 0; kb < 4; ++kb) {
-          uint32_t a[4];
-          q4_pairs(words[kb], a);
-          const uint32_t bb[2] = {ah[8 * kb + t], ah[8 * kb + 4 + t]};
-          mma_16816(c, a, bb);
-        }
-      } else {
-        uint32_t pl[4], ph[4];
-        q4_pairs(wlo[0], pl);
-        q4_pairs(whi[0], ph);
-        const uint32_t a0[4] = {pl[0], ph[0], pl[1], ph[1]}, a1[4] = {pl[2], ph[2], pl[3], ph[3]};
-        if (!(ABL & 2)) {
-          mma_16816(c, a0, b00);
-          mma_16816(c, a1, b01);
-        } else {
-          c[0] += __uint_as_float((a0[0] ^ a1[3] ^ b00[0]) & 0x3fffffffu);
-        }
-        q4_pairs(wlo[1], pl);
-        q4_pairs(whi[1], ph);
-        const uint32_t a2[4] = {pl[0], ph[0], pl[1], ph[1]}, a3[4] = {pl[2], ph[2], pl[3], ph[3]};
-        if (!(ABL & 2)) {
-          mma_16816(c, a2, b10);
-          mma_16816(c, a3, b11);
-        } else {
-          c[2] += __uint_as_float((a2[0] ^ a3[3] ^ b10[0]) & 0x3fffffffu);
-        }
+      for (int j = 0; j < 4; ++j) {
+        uint32_t a[4];
+        q4_pairs(wv[j], a);
+        mma(c[(4 * q + j) & 7], a, xs[(4 * q + j) * 4 + t]);
       }
-      const int r_lo = 16 * rg + g, r_hi = r_lo + 8;
-      float lo = c[0], hi = c[2];
-      if (dn_zeros != nullptr) {
-        lo -= (__half2float(dzs[r_lo]) - 8.f) * sa;
-        hi -= (__half2float(dzs[r_hi]) - 8.f) * sa;
+    }
+    float gate = 0.f, up = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) gate += c[i][0], up += c[i][2];
+    if (t == 0) part[w * 16 + g] = gate, part[w * 16 + 8 + g] = up;
+  }
+  __syncthreads();
+  if (tid < kUnits) {  // output 8 j + gg of tile j
+    const int j = tid >> 3, gg = tid & 7;
+    float gate = 0.f, up = 0.f;
+#pragma unroll
+    for (int s = 0; s < kSplit; ++s)
+      gate += part[(j * kSplit + s) * 16 + gg], up += part[(j * kSplit + s) * 16 + 8 + gg];
+    gate = (gate - rows[2 * kUnits + tid] * sxg) * rows[tid] * rms;
+    up = (up - rows[3 * kUnits + tid] * sxg) * rows[kUnits + tid] * rms;
+    act[tid] = __float2half_rn(gate / (1.f + __expf(-gate)) * up);
+    const float a = warp_sum(__half2float(act[tid]));  // for the down rows' zero points
+    if (lane == 0) sums[20 + w] = a;
+  }
+  __syncthreads();
+  const float sum_act = sums[20] + sums[21];
+
+  // down: warp w takes row groups kRgPerWarp w .. of the block's columns; rows 16 rg + g (c[0]) and
+  // + 8 (c[2]); lanes 0 and 16 gather four consecutive rows each and add them into acc
+  {
+    uint2 ab[4];
+    const uint32_t* ah = reinterpret_cast<const uint32_t*>(act);
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb) ab[kb] = make_uint2(ah[8 * kb + t], ah[8 * kb + 4 + t]);
+    bar_wait(bars + kTiles + w * kDownCopies / kWarps);
+#pragma unroll 4
+    for (int r = 0; r < kRgPerWarp; ++r) {
+      const int rg = kRgPerWarp * w + r;
+      const uint4 wd = *reinterpret_cast<const uint4*>(smem + S::kDownAt + 16 * (rg * 32 + lane));
+      const uint32_t wv[4] = {wd.x, wd.y, wd.z, wd.w};
+      float c[4] = {};
+#pragma unroll
+      for (int kb = 0; kb < 4; ++kb) {
+        uint32_t a[4];
+        q4_pairs(wv[kb], a);
+        mma(c, a, ab[kb]);
       }
-      lo *= __half2float(dsc[r_lo]);
-      hi *= __half2float(dsc[r_hi]);
-      // lanes 0 and 16 (t = 0, g = 0 and 4) gather four consecutive rows each
+      const int lo_row = 16 * rg + g, hi_row = lo_row + 8;
+      const float lo = (c[0] - (__half2float(dz[lo_row]) - 8.f) * sum_act) * __half2float(dsc[lo_row]);
+      const float hi = (c[2] - (__half2float(dz[hi_row]) - 8.f) * sum_act) * __half2float(dsc[hi_row]);
       const float lo1 = __shfl_down_sync(0xffffffffu, lo, 4), lo2 = __shfl_down_sync(0xffffffffu, lo, 8),
-                  lo3 = __shfl_down_sync(0xffffffffu, lo, 12), hi1 = __shfl_down_sync(0xffffffffu, hi, 4),
-                  hi2 = __shfl_down_sync(0xffffffffu, hi, 8), hi3 = __shfl_down_sync(0xffffffffu, hi, 12);
+                  lo3 = __shfl_down_sync(0xffffffffu, lo, 12);
+      const float hi1 = __shfl_down_sync(0xffffffffu, hi, 4), hi2 = __shfl_down_sync(0xffffffffu, hi, 8),
+                  hi3 = __shfl_down_sync(0xffffffffu, hi, 12);
       if ((lane & 15) == 0) {
-        red_add4(acc + r_lo, lo, lo1, lo2, lo3);
-        red_add4(acc + r_hi, hi, hi1, hi2, hi3);
+        red_add4(acc + lo_row, lo, lo1, lo2, lo3);
+        red_add4(acc + hi_row, hi, hi1, hi2, hi3);
       }
     }
   }
-  if (b == 0)  // the residual, once: block 0 adds x
+  if (b == 0)  // the residual, once
     for (int i = tid; i < H / 4; i += kThreads) {
-      const uint2 v = __ldcg(reinterpret_cast<const uint2*>(x) + i);
-      const float2 a = __half22float2(u32_as_h2(v.x)), c = __half22float2(u32_as_h2(v.y));
-      red_add4(acc + 4 * i, a.x, a.y, c.x, c.y);
+      const uint2 hv = __ldcg(reinterpret_cast<const uint2*>(x) + i);
+      const float2 p0 = __half22float2(u32_as_h2(hv.x)), p1 = __half22float2(u32_as_h2(hv.y));
+      red_add4(acc + 4 * i, p0.x, p0.y, p1.x, p1.y);
     }
+}
+
+// `pack_mlp_tiles` (kernel_abi; layouts in artifacts/mlp_tiles.py): one thread a u32 word of `out`,
+// gathering its 8 codes from the row-major q4 weight (artifacts/int4.py: code e of a run of 8 lies in
+// nibble (e >> 1) + 4 (e & 1)). Runs once, in the init graph.
+__device__ __forceinline__ void pack_mlp_tiles(uint8_t* out, const uint8_t* weight, int part, int hidden, int inter) {
+  const bool gate_up = part == 0;
+  const int k = gate_up ? hidden : inter, units = gate_up ? inter / 8 : hidden / 16, chunks = k / 64;
+  const size_t n_words = (size_t)units * chunks * 128;
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(weight);
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_words; i += (size_t)gridDim.x * blockDim.x) {
+    const int in_block = (int)(i & 127), lane = in_block >> 2, g = lane >> 2, t = lane & 3;
+    const size_t blk = i >> 7;
+    const int unit = gate_up ? (int)(blk / chunks) : (int)(blk % units);
+    const int chunk = gate_up ? (int)(blk % chunks) : (int)(blk / units);
+    const int kb = 4 * chunk + (in_block & 3);
+    uint32_t word = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {  // nibble j: unit row g (+ 8 for odd j), column 16 kb + 2t + {0, 8, 1, 9}[j / 2]
+      const int ur = g + 8 * (j & 1);
+      const int row = gate_up ? (ur < 8 ? 8 * unit + ur : inter + 8 * unit + ur - 8) : 16 * unit + ur;
+      const int col = 16 * kb + 2 * t + ((j >> 1) & 1) * 8 + (j >> 2);
+      const int e = col & 7;
+      const uint32_t code = (src[(size_t)row * (k / 8) + col / 8] >> (4 * ((e >> 1) + 4 * (e & 1)))) & 0xFu;
+      word |= code << (4 * j);
+    }
+    reinterpret_cast<uint32_t*>(out)[i] = word;
+  }
 }
 
 }  // namespace mlp

@@ -4,8 +4,10 @@ Models with Llama-3.2-1B's hidden size (2048; the kernel takes 256..2048) and ra
 once for sm90 (which has the split-K kernel) and once for sm80 (which does not):
 
 - sm90's ``decode_1`` has one ``mlp_decode`` per layer in place of gate_up and down, the next layer's
-  qkv and o and the LM head reading the f32 sums (``x32`` / ``r32`` kernels); every other graph, and
-  every graph of sm80 or of a build for both, is unchanged;
+  qkv and o and the LM head reading the f32 sums (``x32`` / ``r32`` kernels, o letting the next
+  launch in at its entry); its ``init`` graph packs each layer's two weights into the tiles that
+  layer's launch reads; every other graph, and every graph of sm80 or of a build for both, is
+  unchanged;
 - on the CPU executor both plans give bit-identical logits and tokens over 12 greedy steps after a
   prompt (the sums are f32 additions of the same values in the same order there), with an even and
   an odd layer count (two or three alternating sum buffers, cleared across steps);
@@ -23,6 +25,7 @@ from grokc.compiler.build import BuildOptions, build_loaded
 from grokc.compiler.config import ModelConfig
 from grokc.runner.engine import Engine, SamplingParams, Shapes
 from grokc.runner.session import Backend, make_executor
+from grokc.targets import rules_mlp
 from tiny_llama import tiny_config, tiny_loaded
 
 SHAPES = dict(hidden_size=2048, intermediate_size=512, num_heads=32, num_kv_heads=8, head_dim=64, vocab_size=256)
@@ -46,7 +49,7 @@ def test_decode_1_takes_one_mlp_launch_a_layer_on_sm90(pair):
     fused = sm90.plan("sm90").graphs["decode_1"].launches
     assert [l.op for l in fused].count("mlp_decode") == layers
     assert [l.op for l in fused].count("linear") == 2 * layers + 1  # qkv and o a layer, the head
-    assert {l.kernel for l in fused if l.op == "mlp_decode"} == {"mlp_decode_q4"}
+    assert {l.kernel for l in fused if l.op == "mlp_decode"} == {rules_mlp.symbol(2048)}
     # the layer sums are read as f32: the qkv of layers 1.., every o but the first, the head
     x32 = [l for l in fused if l.op == "linear" and l.attrs.get("x_dtype") == "f32"]
     r32 = [l for l in fused if l.op == "linear" and l.attrs.get("residual_dtype") == "f32"]
@@ -55,6 +58,17 @@ def test_decode_1_takes_one_mlp_launch_a_layer_on_sm90(pair):
     accs = [l.arg("acc").buffer for l in fused if l.op == "mlp_decode"]
     clears = [l.arg("clear").buffer for l in fused if l.op == "mlp_decode"]
     assert clears == accs[1:] + accs[:1] and all(a != c for a, c in zip(accs, clears))
+    # the o projections adding an f32 sum let mlp_decode in at their entry; the others keep the rule's t1
+    o_kernels = [l.kernel for l in fused if l.op == "linear" and l.attrs.get("residual_dtype") == "f32"]
+    assert o_kernels and not any("t1_" in k or k.endswith("t1") for k in o_kernels)
+    # each layer's tiles are packed at load from that layer's stored weights, then read by its launch
+    init = sm90.plan("sm90").graphs["init"].launches
+    packs = {l.arg("out").buffer: l.arg("weight").weight for l in init if l.op == "pack_mlp_tiles"}
+    assert len(packs) == 2 * layers
+    read = [(l.arg("gate_up_tiles").buffer, l.arg("down_tiles").buffer) for l in fused if l.op == "mlp_decode"]
+    assert [(packs[g], packs[d]) for g, d in read] == [(f"blk.{i}.ffn_gate_up.qweight", f"blk.{i}.ffn_down.qweight")
+                                                       for i in range(layers)]
+    assert "init" not in sm80.plan("sm80").graphs
     unfused = sm80.plan("sm80").graphs["decode_1"].launches
     assert "mlp_decode" not in {l.op for l in unfused}
     for name in ("prefill_16", "decode_2"):  # the same launches (kernels differ by arch: sampling's clusters)

@@ -8,7 +8,10 @@
   smallest H it takes (256): ``acc`` starts at zero and must end at ``x + down(silu(gate) * up)``
   within 5e-3 relative (two int4 products, the activation rounded to f16 between, as the two
   ``linear`` launches it replaces: each of those is within 2e-3 / 5e-3 alone); ``clear``, filled
-  with NaN, must be all zeros; two launches on the same ``acc`` add up (the kernel adds).
+  with NaN, must be all zeros; two launches on the same ``acc`` add up (the kernel adds). The
+  weights come in ``artifacts/mlp_tiles.py``'s layouts, packed by numpy;
+- ``pack_mlp_tiles`` (the init graph's packing) gives numpy's layout, byte for byte, for both
+  weights, at two sizes.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import numpy as np
 import pytest
 
 from kernel_harness import run_kernel, seeded
-from grokc.artifacts import int4
+from grokc.artifacts import int4, mlp_tiles
 from grokc.artifacts.kernel_abi import KERNEL_ABI
 from grokc.runner.cpu import OPS
 from grokc.targets import KernelCall, build_cubin, get_target, rules_linear, rules_mlp, select
@@ -85,12 +88,18 @@ def test_linear_reads_f32_inputs_as_f16(case, sm):
 MLP_CASES = [(2048, 8192, False), (2048, 512, True), (256, 128, True)]
 
 
+def _weights(rng, h, i):
+    return (int4.pack(rng.integers(0, 16, (2 * i, h), dtype=np.uint8)),
+            int4.pack(rng.integers(0, 16, (h, i), dtype=np.uint8)))
+
+
 def _mlp_case(rng, h, i, zeros):
+    gate_up, down = _weights(rng, h, i)
     args = {"x": rng.standard_normal((1, h)).astype(F16), "norm": rng.uniform(0.5, 1.5, h).astype(F16),
-            "gate_up": int4.pack(rng.integers(0, 16, (2 * i, h), dtype=np.uint8)),
+            "gate_up_tiles": mlp_tiles.pack(gate_up, mlp_tiles.Part.GATE_UP, h, i),
             "gate_up_scales": (rng.uniform(0.5, 1.5, (2 * i, 1)) / (4 * np.sqrt(h))).astype(F16),
             "gate_up_zeros": rng.uniform(5.0, 11.0, (2 * i, 1)).astype(F16) if zeros else None,
-            "down": int4.pack(rng.integers(0, 16, (h, i), dtype=np.uint8)),
+            "down_tiles": mlp_tiles.pack(down, mlp_tiles.Part.DOWN, h, i),
             "down_scales": (rng.uniform(0.5, 1.5, (h, 1)) / (4 * np.sqrt(i))).astype(F16),
             "down_zeros": rng.uniform(5.0, 11.0, (h, 1)).astype(F16) if zeros else None,
             "acc": np.zeros((1, h), F32), "clear": np.full((1, h), np.nan, F32),
@@ -102,7 +111,8 @@ def _mlp_case(rng, h, i, zeros):
 def mlp_cubin(sm):
     if sm < rules_mlp.MIN_SM:
         pytest.skip("mlp_decode runs on sm_90 and newer")
-    return build_cubin([rules_mlp.SYMBOL], get_target(f"sm{sm}"))
+    return build_cubin(sorted({rules_mlp.symbol(h) for h, _, _ in MLP_CASES} | {rules_mlp.PACK_SYMBOL}),
+                       get_target(f"sm{sm}"))
 
 
 @pytest.mark.parametrize("case", MLP_CASES, ids=lambda c: "-".join(map(str, c)))
@@ -111,7 +121,7 @@ def test_mlp_decode_against_the_oracle(case, mlp_cubin, sm):
     args = _mlp_case(seeded(case), h, i, zeros)
     choice = select(KernelCall("mlp_decode", {"weight_format": "q4"}, {"hidden": h, "inter": i, "eps": 1e-5}),
                     get_target(f"sm{sm}"))
-    assert choice.kernel == rules_mlp.SYMBOL and choice.grid == (i // 64, 1, 1)
+    assert choice.kernel == rules_mlp.symbol(h) and choice.grid == (i // 64, 1, 1)
     ref = {key: (v.copy() if isinstance(v, np.ndarray) else v) for key, v in args.items()}
     OPS["mlp_decode"](ref, {"weight_format": "q4"})
     want = ref["acc"].astype(np.float64)
@@ -127,3 +137,15 @@ def test_mlp_decode_against_the_oracle(case, mlp_cubin, sm):
     twice = run_kernel(mlp_cubin, choice.kernel, choice.grid, choice.block, choice.smem, "mlp_decode",
                        {**args, "acc": got["acc"]})["acc"].astype(np.float64)
     np.testing.assert_allclose(twice, 2 * acc, rtol=1e-5, atol=1e-5 * np.abs(acc).max())
+
+
+@pytest.mark.parametrize("case", [(2048, 512), (256, 128)], ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("part", list(mlp_tiles.Part), ids=lambda p: p.name.lower())
+def test_pack_mlp_tiles_matches_numpy(case, part, mlp_cubin, sm):
+    h, i = case
+    weight = _weights(seeded((h, i, int(part))), h, i)[int(part)]
+    call = KernelCall("pack_mlp_tiles", {}, {"part": int(part), "hidden": h, "inter": i})
+    choice = select(call, get_target(f"sm{sm}"))
+    args = {"out": np.full(weight.size, 0xAB, np.uint8), "weight": weight, "part": int(part), "hidden": h, "inter": i}
+    got = run_kernel(mlp_cubin, choice.kernel, choice.grid, choice.block, choice.smem, "pack_mlp_tiles", args)["out"]
+    np.testing.assert_array_equal(got, mlp_tiles.pack(weight, part, h, i))
