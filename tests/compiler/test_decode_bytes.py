@@ -1,8 +1,9 @@
 """``grokc bench``'s bytes a decode step must read (``compiler/bench.py``, ``decode_bytes``).
 
 A step reads one row of the RoPE table per attention launch, whatever the table's length: two builds
-of the tiny model that differ only in ``max_seq`` (so in the table's length, 64 against 256 rows)
-count the same bytes at the same context, and each counts every other weight of its decode graph.
+of the tiny model that differ only in ``max_seq`` (so in the table's length, 64 against 256 rows, which
+the test checks) count the same bytes at the same context. The other weights' count is checked in
+``test_quantized_embeddings.py``.
 """
 
 from grokc.artifacts.store import open_artifact
