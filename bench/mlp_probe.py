@@ -3,12 +3,15 @@
 into an f32 accumulator), against the rule's gate_up and down gemv2 launches, in the same process on
 the same GPU, inside a 16-layer chain of qkv, o and the MLP joined by programmatic edges. Prints JSON.
 
-    python3 bench/mlp_probe.py [--reps 20] [--variants TRIG:RED:WARPS[:CL[:SEM]],...] [--o-entry] [--grokc SYM,...]
+    python3 bench/mlp_probe.py [--reps 20] [--variants TRIG:RED:WARPS[:CL[:SEM]],...] [--o-entry]
+                               [--o-entry-fused] [--position P] [--grokc SYM,...] [--ncu] [--check-only]
 
---grokc: also time grokc's own ``mlp_decode`` kernels (targets/kernels/mlp_decode.cuh; the artifact's
-symbol or its ablations ``mlp_decode_q4_a<N>``) on the row-major weights, in the same chains.
+--grokc: also time grokc's own ``mlp_decode`` kernel (targets/kernels/mlp_decode.cuh,
+``mlp_decode_q4_h2048``) on the weights in ``artifacts/mlp_tiles.py``'s layouts, in the same chains.
 
---o-entry: the o GEMV lets the next launch start at its entry instead of after its wait.
+--o-entry: the o GEMV lets the next launch start at its entry instead of after its wait;
+--o-entry-fused: only in the chains with a fused MLP (the baseline keeps the rule's o).
+--position: the decode position attention reads up to (default 227).
 """
 
 from __future__ import annotations
@@ -163,6 +166,7 @@ def main() -> None:
                                                      counter, out, 1e-5, clear_buf, lw["gate_up.s"], gu_zeros,
                                                      dn_zeros]), pdl=True)
 
+    from grokc.artifacts import mlp_tiles
     from grokc.targets import rules_mlp
     grokc_syms = sys.argv[sys.argv.index("--grokc") + 1].split(",") if "--grokc" in sys.argv else []
     gmod = cd.Module(lk.build_cubin(grokc_syms, lk.TARGET)) if grokc_syms else None
@@ -170,11 +174,11 @@ def main() -> None:
     gabi = lk.KERNEL_ABI["mlp_decode"]
 
     def grokc_mlp(sym: str, lw: dict, layer: int) -> cd.KernelLaunch:
-        packed = "_a" in sym and int(sym.rsplit("_a", 1)[1]) & 96 == 96  # the probe's layouts (ABL 96)
+        if "gu_mlp_tiles" not in lw:  # grokc's gate/up layout has no scale tail (artifacts/mlp_tiles.py)
+            lw["gu_mlp_tiles"] = up(mlp_tiles.pack(cases["gate_up"]["weight"], mlp_tiles.Part.GATE_UP, H, INTER))
         vals = {"acc": accs[layer % 2], "clear": accs[1 - layer % 2], "x": h, "norm": gamma_dev,
-                "gate_up": lw["gu_tiles" if packed else "gate_up"], "gate_up_scales": lw["gate_up.s"],
-                "gate_up_zeros": None, "down": lw["dn_tiles" if packed else "down"], "down_scales": lw["down.s"],
-                "down_zeros": None,
+                "gate_up_tiles": lw["gu_mlp_tiles"], "gate_up_scales": lw["gate_up.s"], "gate_up_zeros": None,
+                "down_tiles": lw["dn_tiles"], "down_scales": lw["down.s"], "down_zeros": None,
                 "hidden": H, "inter": INTER, "eps": 1e-5}
         fn = gmod.function(sym)
         fn.require_smem(rules_mlp.smem_bytes(H))
