@@ -1,6 +1,8 @@
 """Lowering: a planned static module + a target -> the artifact's ``Plan`` for that arch.
 
-Each IR node becomes exactly one launch of an ``artifacts.kernel_abi`` op. The arguments are
+Each IR node becomes exactly one launch of an ``artifacts.kernel_abi`` op; an MLP_DECODE node also
+adds two ``pack_mlp_tiles`` launches to the ``init`` graph, which lay its weights out as its
+kernel reads them (``artifacts/mlp_tiles.py``), once at load. The arguments are
 resolved here (arena buffers from the memory plan, weights by name, scalars from shapes and
 attributes) and ``targets.select`` picks the kernel and launch shape for the target. Nothing
 about the file layout or the runner lives here.
@@ -125,7 +127,7 @@ def _pack_mlp_tiles(m: Module, mem: MemoryPlan, n: Node, target: Target) -> list
 
 
 def _sparse_residual(m: Module, g: Graph, n: Node):
-    x = g.tensors[n.inputs["x"]] if n.inputs["x"] in g.tensors else m.state[n.inputs["x"]]
+    x = _type(m, g, n.inputs["x"])
     rows, nw = g.tensors[n.outputs[0]].shape
     refs = {"out": n.outputs[0], **{r: n.inputs.get(r) for r in ("x", "norm", "rowptr", "cols", "vals")}}
     dims = {"M": rows, "NW": nw, "K": x.shape[1], "eps": n.attrs.norm_eps if n.attrs.norm_eps is not None else 0.0}
