@@ -74,7 +74,8 @@ def pack(packed: np.ndarray, part: Part, hidden: int, inter: int) -> np.ndarray:
     rows = unit_rows(part, hidden, inter)
     n, k = shape(part, hidden, inter)
     if k % CHUNK or rows.size != n:
-        raise ValueError(f"mlp tiles need hidden % 16 == 0 and inter % 64 == 0, got {hidden}, {inter}")
+        raise ValueError(f"mlp tiles of {part.name.lower()} need rows in units of 16 and columns in chunks of "
+                         f"{CHUNK}, got a [{n}, {k}] weight")
     codes = int4.unpack(packed.reshape(n, k // 2)).astype(np.uint32)
     r, c = _fragment(rows, k)
     words = np.zeros(r[0].shape, np.uint32)
