@@ -4,17 +4,22 @@
 
 Recompiles the artifact's kernels on the GPU machine with a ``grokc_trace::Scope`` in every entry
 point (targets/kernels/trace.cuh: per block, %globaltimer at entry, when griddepcontrol.wait
-returned and at exit), replays the graph ``replays`` times with those kernels, and gives per launch
-(means over the replays, µs from the first block of the replay's first launch):
+returned, at exit and at the kernel's phase marks, ``GROKC_TRACE_MARK(i)``), replays the graph
+``replays`` times with those kernels, and gives per launch (means over the replays, µs from the
+first block of the replay's first launch):
 
 - ``start`` / ``started``: the first and the last of its blocks to begin;
 - ``released``: the first block past griddepcontrol.wait (blocks of a launch without a programmatic
   edge begin after the launch before has finished);
 - ``end``: the last block to finish; ``cost`` = end - end of the launch before: what the launch adds
   to the chain, split into ``dep`` (released - end before: the dependency latency) and ``work``
-  (end - released).
+  (end - released);
+- ``marks``: per phase mark the kernel sets, the median block's time past ``released``.
 
 and the same three summed per role (``qkv``, ``attention``, ..) and over the graph. Prints JSON.
+``--dump FILE.npz``: every block's record too, one array ``l<i>`` of shape (replays, blocks, 7) per
+launch i: start, wait (its start where it never waits), end and the marks (NaN where unset), in µs
+from its replay's first start, and the multiprocessor; ``kernels`` and ``nodes`` beside.
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ from grokc.targets.nvcc import build_cubin
 
 from profile_plan import busy_runner, use_kernels
 
-RECORD = np.dtype([("start", "<u8"), ("wait", "<u8"), ("end", "<u8"), ("kernel", "<u4"), ("block", "<u4"),
-                   ("smid", "<u4"), ("pad", "<u4")])
+MARKS = 3  # trace.cuh's kMarks
+RECORD = np.dtype([("start", "<u8"), ("wait", "<u8"), ("end", "<u8"), ("marks", "<u8", (MARKS,)), ("kernel", "<u4"),
+                   ("block", "<u4"), ("smid", "<u4"), ("pad", "<u4")])
 RECORDS, COUNT = "_ZN11grokc_trace7recordsE", "_ZN11grokc_trace5countE"
 
 
@@ -68,8 +74,17 @@ def instances(records: np.ndarray, launches, symbols: list[str], replays: int) -
     return out
 
 
+def block_times(blocks: np.ndarray, t0: int) -> np.ndarray:
+    """(blocks, 7): start, wait (where the block waited, else its start), end and the marks (NaN where
+    unset), µs after ``t0``, and the multiprocessor."""
+    wait = np.where(blocks["wait"] > 0, blocks["wait"], blocks["start"])
+    times = np.column_stack([blocks["start"], wait, blocks["end"], blocks["marks"]]).astype(np.int64) - int(t0)
+    times = np.where(np.column_stack([np.ones((len(blocks), 3), bool), blocks["marks"] > 0]), times / 1e3, np.nan)
+    return np.column_stack([times, blocks["smid"]])
+
+
 def main() -> None:
-    a, r, busy = busy_runner(replays=(int, 20))
+    a, r, busy = busy_runner(replays=(int, 20), dump=(str, ""))
     ex, plan = r.executor, r.plan
     g = plan.graphs[a.graph]
     symbols = sorted({launch.kernel for graph in plan.graphs.values() for launch in graph.launches})
@@ -88,6 +103,7 @@ def main() -> None:
 
     fields = ("start", "started", "released", "end", "dep", "work", "cost")
     sums = np.zeros((len(g.launches), len(fields)))
+    marks = np.zeros((len(g.launches), MARKS))  # summed over replays: median block's mark - released
     for blocks in per_replay:
         t0 = float(blocks[0]["start"].min())
         prev_end = t0
@@ -98,14 +114,24 @@ def main() -> None:
             row = (b["start"].min() - t0, b["start"].max() - t0, released - t0, end - t0,
                    released - prev_end, end - released, end - prev_end)
             sums[i] += np.array(row, dtype=float) / 1e3
+            marked = b["marks"] > 0
+            marks[i] += [(np.median(b["marks"][marked[:, j], j]) - released) / 1e3 if marked[:, j].any() else np.nan
+                         for j in range(MARKS)]
             prev_end = end
-    mean = sums / a.replays
+    mean, mean_marks = sums / a.replays, marks / a.replays
     rows, by_role = [], defaultdict(lambda: np.zeros(3))
-    for launch, m in zip(g.launches, mean):
+    for launch, m, mk in zip(g.launches, mean, mean_marks):
         role = launch.node.split(".")[-1]
         by_role[role] += m[4:7]
         rows.append({"node": launch.node, "kernel": launch.kernel, "blocks": int(np.prod(launch.grid)),
-                     "pdl": launch.pdl, **{f: round(float(v), 2) for f, v in zip(fields, m)}})
+                     "pdl": launch.pdl, **{f: round(float(v), 2) for f, v in zip(fields, m)},
+                     **({"marks": [None if np.isnan(v) else round(float(v), 2) for v in mk]}
+                        if not np.isnan(mk).all() else {})})
+    if a.dump:
+        np.savez_compressed(a.dump, kernels=np.array([x.kernel for x in g.launches]),
+                            nodes=np.array([x.node for x in g.launches]),
+                            **{f"l{i}": np.stack([block_times(rep[i], rep[0]["start"].min()) for rep in per_replay])
+                               for i in range(len(g.launches))})
     print(json.dumps({
         "artifact": a.artifact, "graph": a.graph, "batch_active": busy, "replays": a.replays,
         "graph_us": round(float(mean[-1][3]), 1),

@@ -24,6 +24,7 @@
 #include "attention_common.cuh"
 #include "attention_prefill.cuh"  // attend_ref, rotate_pair_h
 #include "cluster.cuh"
+#include "pdl.cuh"
 
 namespace grokc_attn {
 
@@ -129,6 +130,7 @@ __device__ __forceinline__ void attention_decode_mma(
   }
   for (int it = tid; it < (16 - group) * CH; it += T) sQ[group * CH + it] = make_uint4(0, 0, 0, 0);
   __syncthreads();
+  GROKC_TRACE_MARK(0);
 
   if (rank == 0 && tid < 2 * CH) {  // the new token into the cache; nobody in this launch reads it there
     const size_t off = cache_offset(bt, p, n_kv_heads, kvh, D);
@@ -198,6 +200,7 @@ __device__ __forceinline__ void attention_decode_mma(
   }
   cp_async_wait<0>();
   __syncwarp();
+  GROKC_TRACE_MARK(1);
 
   // The warp's partial into its own ring: m[16], l[16], acc[16][D] (log2-domain max).
   float* wp = reinterpret_cast<float*>(ring);
@@ -216,6 +219,7 @@ __device__ __forceinline__ void attention_decode_mma(
       *reinterpret_cast<float2*>(wp + 32 + qr * D + 8 * d + 2 * tig) = make_float2(o[d][2 * r], o[d][2 * r + 1]);
   }
   __syncthreads();
+  GROKC_TRACE_MARK(2);
 
   // Merge the W warps (and, with CS == 1, finish).
   const int n_items = group * D;

@@ -318,6 +318,7 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
+        GROKC_TRACE_MARK(0);
         if (NPASS) {
             for (int m = 0; m < M; ++m) {  // block-uniform loops: the shuffles below are safe
                 float ss = 0.f;
@@ -331,6 +332,7 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
                 if (lane == 0) wsum[warp * MAXM + m] = ss;
             }
             __syncthreads();
+            GROKC_TRACE_MARK(1);
         }
     }
 
@@ -404,6 +406,7 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
         }
     }
 
+    GROKC_TRACE_MARK(2);
     // ---- epilogue ----------------------------------------------------------------------------------
     // c[0..1] = D[g][2t..2t+1] (A row g, batch rows 2t, 2t+1), c[2..3] = D[g+8][2t..2t+1]
     // sum of squares of x row m: NL 0, from the pass's per-warp sums; NL 1, from the x x^T

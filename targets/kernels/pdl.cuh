@@ -6,6 +6,9 @@
 
 #ifdef GROKC_TRACE
 #include "trace.cuh"
+#define GROKC_TRACE_MARK(i) grokc_trace::mark(i)
+#else
+#define GROKC_TRACE_MARK(i) ((void)0)
 #endif
 
 __device__ __forceinline__ void grokc_pdl_launch_dependents() {
