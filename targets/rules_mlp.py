@@ -27,7 +27,7 @@ import re
 
 from .base import KernelCall, KernelChoice, KernelRule, Target, c_params
 
-HEADERS: tuple[str, ...] = ("common.cuh", "pdl.cuh", "linear_common.cuh", "linear_gemv2.cuh", "mlp_decode.cuh")
+HEADERS: tuple[str, ...] = ("common.cuh", "pdl.cuh", "mlp_decode.cuh")
 
 THREADS = 512       # grokc::mlp::kThreads
 UNITS = 64          # grokc::mlp::kUnits: intermediate outputs per block

@@ -76,6 +76,22 @@ __device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4], const
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// A q4 word (artifacts/int4.py's pair order) as A-fragment pairs with no arithmetic but masks: as
+// f16 subnormals, (w & 0x000F000F) is the codes (e0, e1) * 2^-24 exactly and (w & 0x00F000F0) is
+// (e2, e3) * 2^-20, so p[0], p[2] hold pairs 0-1 and 4-5 at scale 2^-24 and p[1], p[3] pairs 2-3
+// and 6-7 at 2^-20. Tensor cores multiply subnormals exactly; an MMA whose A registers share one
+// scale gives that scale times the codes' dot product (kRawLo, kRawHi undo it), and the codes'
+// offset (the zero point, else 8) comes off the sum as offset * sum(B). One shift and four ANDs a
+// word, against nine instructions for (e - 8) as normal halves (q4_pairs in linear_gemv2.cuh).
+__device__ __forceinline__ void q4_raw(uint32_t w, uint32_t p[4]) {
+    const uint32_t w8 = w >> 8;
+    p[0] = w & 0x000F000Fu;
+    p[1] = w & 0x00F000F0u;
+    p[2] = w8 & 0x000F000Fu;
+    p[3] = w8 & 0x00F000F0u;
+}
+constexpr float kRawLo = 16777216.f, kRawHi = 1048576.f;  // 2^24, 2^20
+
 // ---- reductions and math ------------------------------------------------------------------
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

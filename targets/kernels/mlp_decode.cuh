@@ -10,9 +10,11 @@
 //
 // The weights come in artifacts/mlp_tiles.py's layouts (`pack_mlp_tiles` below writes them at load):
 // a gate/up tile is 16 rows (8 gate, the 8 up rows of the same outputs) as mma.m16n8k16 A fragments,
-// 16 bytes a lane a 64-column chunk; the down slice of block b is rows 16 rg .. 16 rg + 15 of columns
-// 64 b .. 64 b + 63, row group after row group. x (times the norm's gamma) is staged once as B
-// fragments; every column of B holds x, so the sums sit in every column of C.
+// 16 bytes a lane a 64-column chunk; the down slice of block b is rows 16 rg .. 16 rg + 15 of
+// columns 64 b .. 64 b + 63, row group after row group. Each word is one MMA's A as q4_raw reads it
+// (common.cuh: the codes as f16 subnormals, rows 8..15 at 16 times the scale of rows 0..7; the
+// epilogues take the scales and the codes' offsets out). x (times the norm's gamma) is staged once
+// as B fragments; every column of B holds x, so the sums sit in every column of C.
 //
 // Requirements (targets/rules_mlp.py checks them): sm_90, H % 256 == 0, H <= 2048, I % 64 == 0,
 // q4 per output channel; 512 threads; MLP_DECODE_SMEM(H) bytes of dynamic shared memory.
@@ -22,15 +24,12 @@
 #include <stdint.h>
 
 #include "common.cuh"
-#include "linear_gemv2.cuh"  // q4_pairs
 #include "pdl.cuh"
 
 #define MLP_DECODE_SMEM(H) (102 * (H) + 2560)
 
 namespace grokc {
 namespace mlp {
-
-using gemv2::q4_pairs;
 
 constexpr int kWarps = 16, kThreads = 32 * kWarps, kUnits = 64;
 constexpr int kTiles = kUnits / 8;          // gate/up tiles a block (8 outputs each)
@@ -43,7 +42,7 @@ struct Smem {
   static constexpr int kTile = 8 * H, kDown = kUnits * H / 2;
   static constexpr int kGateUp = 0, kDownAt = kTiles * kTile, kX = kDownAt + kDown;  // x: B fragments
   static constexpr int kDownScales = kX + 2 * H, kDownZeros = kDownScales + 2 * H;    // f16 [H] each
-  static constexpr int kRows = kDownZeros + 2 * H;    // f32 [4][64]: gate, up scales; gate, up zeros - 8
+  static constexpr int kRows = kDownZeros + 2 * H;    // f32 [4][64]: gate, up scales; gate, up zero points (8 without)
   static constexpr int kAct = kRows + 4 * 4 * kUnits; // f16 [64]
   static constexpr int kPart = kAct + 256;            // f32 [warps][16]: gate/up partial sums
   static constexpr int kSums = kPart + 4 * 16 * kWarps;  // f32 [32]
@@ -145,7 +144,7 @@ __device__ __forceinline__ void mlp_decode(float* acc, float* clear, const half*
   if (tid < 2 * kUnits) {  // gate rows 64 b .., then up rows inter + 64 b ..
     const int row = (tid < kUnits ? 0 : inter - kUnits) + kUnits * b + tid;
     rows[tid] = __half2float(gate_up_scales[row]);
-    rows[2 * kUnits + tid] = gate_up_zeros ? __half2float(gate_up_zeros[row]) - 8.f : 0.f;
+    rows[2 * kUnits + tid] = gate_up_zeros ? __half2float(gate_up_zeros[row]) : 8.f;
   }
   grokc_pdl_launch_dependents();
   grokc_pdl_wait();
@@ -173,6 +172,7 @@ __device__ __forceinline__ void mlp_decode(float* acc, float* clear, const half*
     if (lane == 0) sums[w] = sq, sums[8 + w] = sx;
   }
   __syncthreads();
+  GROKC_TRACE_MARK(0);
   float ssq = 0.f, sxg = 0.f;
 #pragma unroll
   for (int i = 0; i < kPieces / 32; ++i) ssq += sums[i], sxg += sums[8 + i];
@@ -191,16 +191,18 @@ __device__ __forceinline__ void mlp_decode(float* acc, float* clear, const half*
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         uint32_t a[4];
-        q4_pairs(wv[j], a);
+        q4_raw(wv[j], a);
         mma(c[(4 * q + j) & 7], a, xs[(4 * q + j) * 4 + t]);
       }
     }
     float gate = 0.f, up = 0.f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) gate += c[i][0], up += c[i][2];
+    gate *= kRawLo, up *= kRawHi;
     if (t == 0) part[w * 16 + g] = gate, part[w * 16 + 8 + g] = up;
   }
   __syncthreads();
+  GROKC_TRACE_MARK(1);
   if (tid < kUnits) {  // output 8 j + gg of tile j
     const int j = tid >> 3, gg = tid & 7;
     float gate = 0.f, up = 0.f;
@@ -214,6 +216,7 @@ __device__ __forceinline__ void mlp_decode(float* acc, float* clear, const half*
     if (lane == 0) sums[20 + w] = a;
   }
   __syncthreads();
+  GROKC_TRACE_MARK(2);
   const float sum_act = sums[20] + sums[21];
 
   // down: warp w takes row groups kRgPerWarp w .. of the block's columns; rows 16 rg + g (c[0]) and
@@ -233,12 +236,12 @@ __device__ __forceinline__ void mlp_decode(float* acc, float* clear, const half*
 #pragma unroll
       for (int kb = 0; kb < 4; ++kb) {
         uint32_t a[4];
-        q4_pairs(wv[kb], a);
+        q4_raw(wv[kb], a);
         mma(c, a, ab[kb]);
       }
       const int lo_row = 16 * rg + g, hi_row = lo_row + 8;
-      const float lo = (c[0] - (__half2float(dz[lo_row]) - 8.f) * sum_act) * __half2float(dsc[lo_row]);
-      const float hi = (c[2] - (__half2float(dz[hi_row]) - 8.f) * sum_act) * __half2float(dsc[hi_row]);
+      const float lo = (c[0] * kRawLo - __half2float(dz[lo_row]) * sum_act) * __half2float(dsc[lo_row]);
+      const float hi = (c[2] * kRawHi - __half2float(dz[hi_row]) * sum_act) * __half2float(dsc[hi_row]);
       const float lo1 = __shfl_down_sync(0xffffffffu, lo, 4), lo2 = __shfl_down_sync(0xffffffffu, lo, 8),
                   lo3 = __shfl_down_sync(0xffffffffu, lo, 12);
       const float hi1 = __shfl_down_sync(0xffffffffu, hi, 4), hi2 = __shfl_down_sync(0xffffffffu, hi, 8),
