@@ -27,6 +27,13 @@
 // (x / 16 - 72) gives (e - 8) exactly, 9 instructions per 8 codes (w >> 8 serves pairs 2, 3).
 // Per-channel scales and zeros: the row's (z - 8) is subtracted in f16 (one more hsub2, only with
 // zeros), the scale multiplies the fp32 sum. Groups: (e - 8) * s - (z - 8) * s by hfma2 per pair.
+// Per-channel int4 with R >= 2 row groups or NL = 1 (the rule's tiling for M > 4) reads the codes
+// raw instead (RAW; common.cuh's q4_raw): masks alone make them f16 subnormals at 2^-24 (pairs
+// 0-1, 4-5) and 2^-20 (pairs 2-3, 6-7), one accumulator per scale, and the offset (zero point, else
+// 8) comes off the finished sum times the sum of x, which two more MMAs a piece gather (A = ones).
+// 5 instructions per 8 codes and no zero-point hsub2. Those two MMAs do not pay for one row group
+// at M = 1 (the o projection at batch 1: +2.5 us a Llama-1B step on the H200, against -2 us for
+// qkv at R = 2 and -26 us at batch 8; docs/perf-notes.md run 99).
 // int8 -> half2: prmt (byte permute) puts code bytes 0, 1 (and 2, 3) under the byte 0x64, giving
 // (1024 + b0, 1024 + b1); one hsub2 (1152) gives (b - 128) exactly, 4 instructions per 4 codes;
 // per row only (scale on the fp32 sum, (z - 128) by one more hsub2).
@@ -164,6 +171,7 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
     constexpr int NP = CK / 8;                          // 16-byte pieces of staged x per chunk
     constexpr int STEP_K = 4 * CK;                      // k per step (4 lanes t)
     constexpr bool PER_ROW = WF == Q4 || WF == Q8;      // one scale (and zero) per row, on the fp32 sums
+    constexpr bool RAW = WF == Q4 && (R >= 2 || NL == 1);  // codes as f16 subnormals (q4_raw); see the top
     constexpr int BR = 16 * R * WN;                     // A rows per block
     constexpr int OC = (ACT == SILU_MUL) ? BR / 2 : BR; // outputs per block
     constexpr bool NPASS = NORM && NL == 0;             // norm applied by a pass over staged x
@@ -240,16 +248,21 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
 
     // per-row scale (Q4, Q8) and (zero - symmetric code) (with zeros), read before the wait like the weights
     float sc_lo[R], sc_hi[R];
+    float off_lo[R], off_hi[R];   // RAW: the codes' offset, the zero point (else 8)
     __half2 zd_lo[R], zd_hi[R];
 #pragma unroll
     for (int j = 0; j < R; ++j) {
         sc_lo[j] = sc_hi[j] = 1.f;
+        off_lo[j] = off_hi[j] = 8.f;
         zd_lo[j] = zd_hi[j] = __float2half2_rn(0.f);
         if (PER_ROW) {
             const int rl = row_ok_lo(j) ? out_n[j] : 0, rh = row_ok_hi(j) ? row_hi(j) : 0;
             sc_lo[j] = __half2float(scales[rl]);
             sc_hi[j] = __half2float(scales[rh]);
-            if (ZERO) {
+            if (RAW && ZERO) {
+                off_lo[j] = __half2float(zeros[rl]);
+                off_hi[j] = __half2float(zeros[rh]);
+            } else if (ZERO) {
                 const __half sym = __float2half_rn(WF == Q8 ? 128.f : 8.f);
                 zd_lo[j] = __half2half2(__hsub(zeros[rl], sym));
                 zd_hi[j] = __half2half2(__hsub(zeros[rh], sym));
@@ -346,6 +359,8 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
             for (int c = 0; c < 4; ++c) acc[j][a][c] = 0.f;
 
     float accsq[4] = {0.f, 0.f, 0.f, 0.f};  // NL 1: D[g][2t..2t+1] of x x^T (its diagonal: sums of squares)
+    float accx[4] = {0.f, 0.f, 0.f, 0.f};   // RAW: D[*][2t..2t+1] of ones x^T, the sums of x (its k share)
+    constexpr uint32_t ONES = 0x3C003C00u;  // (1, 1)
     const int xrow = g < M ? g : 0;  // batch columns past M read row 0; their sums are dropped
     const __half* xr = xs + static_cast<size_t>(xrow) * KP;
 
@@ -368,6 +383,28 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
                 xv[v].z = hmul2_u32(xv[v].z, nv.z);
                 xv[v].w = hmul2_u32(xv[v].w, nv.w);
             }
+        }
+        if constexpr (RAW) {
+            // q4_raw's pairs 0-1, 4-5 (scale 2^-24) meet x's halves 0-1, 4-5 in one MMA, pairs 2-3,
+            // 6-7 (2^-20) halves 2-3, 6-7 in the other, so each accumulator holds one scale
+            const uint32_t ones[4] = {ONES, ONES, ONES, ONES};
+#pragma unroll
+            for (int v = 0; v < NP; ++v) {
+                const uint32_t b0[2] = {xv[v].x, xv[v].z}, b1[2] = {xv[v].y, xv[v].w};
+                mma_16816(accx, ones, b0);
+                mma_16816(accx, ones, b1);
+#pragma unroll
+                for (int j = 0; j < R; ++j) {
+                    const uint4 lo = ring[d][j][0], hi = ring[d][j][1];
+                    uint32_t pl[4], ph[4];
+                    q4_raw(v == 0 ? lo.x : v == 1 ? lo.y : v == 2 ? lo.z : lo.w, pl);
+                    q4_raw(v == 0 ? hi.x : v == 1 ? hi.y : v == 2 ? hi.z : hi.w, ph);
+                    const uint32_t a0[4] = {pl[0], ph[0], pl[2], ph[2]}, a1[4] = {pl[1], ph[1], pl[3], ph[3]};
+                    mma_16816(acc[j][0], a0, b0);
+                    mma_16816(acc[j][1], a1, b1);
+                }
+            }
+            return;
         }
 #pragma unroll
         for (int j = 0; j < R; ++j) {
@@ -406,6 +443,15 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
         }
     }
 
+    if (RAW) {  // one sum a row: the two scales out, the offset times the sums of x off
+#pragma unroll
+        for (int j = 0; j < R; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                acc[j][0][c] = acc[j][0][c] * kRawLo + acc[j][1][c] * kRawHi - (c < 2 ? off_lo[j] : off_hi[j]) * accx[c];
+                acc[j][1][c] = 0.f;
+            }
+    }
     GROKC_TRACE_MARK(2);
     // ---- epilogue ----------------------------------------------------------------------------------
     // c[0..1] = D[g][2t..2t+1] (A row g, batch rows 2t, 2t+1), c[2..3] = D[g+8][2t..2t+1]
