@@ -389,6 +389,11 @@ def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
       twice the warps along N (gate_up at M = 8: 10.7 us against 12.3), the others apply the
       norm per step in registers (qkv at M = 8: 5.0 against 6.3; at M = 1 the pass is cheaper,
       4.2 against 4.3, gate_up 8.4 against 9.2);
+    - except per-channel int4 without an activation at R = 2 (qkv), which takes the norm per step at
+      every M: it reads its codes raw (linear_gemv2.cuh), so the step's extra MMAs cost little
+      and the pass's barrier goes; in the 1B decode chain at batch 1, 466.9 against 473.5 us a step
+      (docs/perf-notes.md run 101). Capped at 128 registers (B 2: 256 threads), so that a block
+      still fits beside an ``mlp_decode`` block;
     - on sm_90+, a tiling whose warps load all their weights before griddepcontrol.wait (every
       warp's steps fit its ring: qkv and o of the 1B shape) lets the next launch start only after
       that wait (TR 1): it has nothing left to stream, and the next kernel's early blocks would only
@@ -416,7 +421,9 @@ def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
     if ks == 1:
         return Gemv2(lin.wf, lin.act, lin.out, r, 1, 8 if big_m else 4, d, 2, int(big_m), 0, tr, lin.io)
     wn = 2 if big_m and rows >= 2 * target.num_sms else 1
-    return Gemv2(lin.wf, lin.act, lin.out, r, ks, wn, d, 1, int(big_m and wn == 1), 0, tr, lin.io)
+    raw_norm_loop = not big_m and lin.wf == "q4" and lin.act == "none" and r == 2
+    nl = int((big_m and wn == 1) or raw_norm_loop)
+    return Gemv2(lin.wf, lin.act, lin.out, r, ks, wn, d, 1, nl, 2 if raw_norm_loop else 0, tr, lin.io)
 
 
 def rule_gemv2(call: KernelCall, target: Target) -> KernelChoice | None:

@@ -153,12 +153,14 @@ def test_gemv2_smem_and_tiling():
     # every Llama-3.2-1B decode shape fills the H200's 132 SMs at least once
     t = get_target("sm90")
     # measured choices: LM head whole rows with the 256-byte prefetch; past M = 4 gate_up doubles
-    # the warps along N and the others take the norm in registers
+    # the warps along N and the others take the norm in registers; qkv (int4, R = 2) takes it in
+    # registers at every M, at most 128 registers below M = 5
     assert select(call(2, 128256, 2048, wf="f16", out="f32"), t).kernel == "linear_gemv2_f16_none_f32_r2k1w4d3p2n0b0"
     assert select(call(8, 128256, 2048, wf="f16", out="f32"), t).kernel == "linear_gemv2_f16_none_f32_r2k1w8d3p2n1b0"
     assert select(call(1, 8192, 2048, "silu_mul"), t).kernel == "linear_gemv2_q4_silu_f16_r2k4w1d2p1n0b0"
     assert select(call(8, 8192, 2048, "silu_mul"), t).kernel == "linear_gemv2_q4_silu_f16_r2k4w2d2p1n0b0"
-    assert select(call(4, 3072, 2048), t).kernel == "linear_gemv2_q4_none_f16_r2k8w1d2p1n0b0t1"
+    assert select(call(1, 3072, 2048), t).kernel == "linear_gemv2_q4_none_f16_r2k8w1d2p1n1b2t1"
+    assert select(call(4, 3072, 2048), t).kernel == "linear_gemv2_q4_none_f16_r2k8w1d2p1n1b2t1"
     assert select(call(8, 3072, 2048), t).kernel == "linear_gemv2_q4_none_f16_r2k8w1d2p1n1b0t1"
     assert select(call(1, 2048, 8192), t).kernel == "linear_gemv2_q4_none_f16_r1k16w1d2p1n0b0"
     for k, n, act, wf, out in LLAMA_1B:
