@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ArtifactError
+from grokc.core.errors import ArtifactError
 
 FORMAT_VERSION = 1
 

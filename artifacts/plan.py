@@ -20,7 +20,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from .kernel_abi import KERNEL_ABI, ArgKind
+from grokc.abi.ops import KERNEL_ABI, ArgKind
 
 
 class BufferKind(enum.Enum):

@@ -14,7 +14,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .errors import ArtifactError
+from grokc.core.errors import ArtifactError
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "I32": np.int32, "U8": np.uint8, "I8": np.int8, "I64": np.int64}
 _CODES = {np.dtype(v).name: k for k, v in _DTYPES.items()}

@@ -17,11 +17,11 @@ from typing import Mapping
 
 import numpy as np
 
-from . import safetensors_io
-from .errors import ArtifactError
-from .manifest import MANIFEST, TOKENIZER, WEIGHTS, Manifest, cubin_file, plan_file
-from .plan import Plan
-from .synthetic import SyntheticTensor
+from grokc.abi.synthetic import SyntheticTensor
+from grokc.artifacts import safetensors_io
+from grokc.artifacts.manifest import MANIFEST, TOKENIZER, WEIGHTS, Manifest, cubin_file, plan_file
+from grokc.artifacts.plan import Plan
+from grokc.core.errors import ArtifactError
 
 
 def write(out: Path, manifest: Manifest, plans: Mapping[str, Plan], cubins: Mapping[str, bytes],

@@ -58,7 +58,8 @@ _grokc_importable()
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from grokc.artifacts.kernel_abi import KERNEL_ABI, KV_BLOCK_SIZE as S  # noqa: E402
+from grokc.abi.ops import KERNEL_ABI  # noqa: E402
+from grokc.abi.ops import KV_BLOCK_SIZE as S
 from grokc.runner import cuda_driver as cd  # noqa: E402
 from grokc.runner.cpu import OPS  # noqa: E402
 from grokc.targets import build_cubin, get_target, rules_misc, select  # noqa: E402

@@ -22,10 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from grokc.compiler import names
 from grokc.compiler.calibrate import CalibrationOptions, calibrate
 from grokc.compiler.frontends import load_model
-from grokc.passes.quantize import QUANT, QuantRecipe, dequantized_weight
+from grokc.core import tensors as names
+from grokc.quant.recipe import QUANT, QuantRecipe
+from grokc.quant.weights import dequantized_weight
 
 ALPHAS = (0.05, 0.1, 0.15, 0.3, 0.5)
 GROUPS = {  # group -> (linears sharing the input, the one whose input key holds H)

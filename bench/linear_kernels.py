@@ -63,8 +63,8 @@ if os.environ.get("GROKC_BENCH_FAKE_DEVICE"):  # a dry run of this script's plum
 
     runpy.run_path(os.environ["GROKC_BENCH_FAKE_DEVICE"])
 
-from grokc.artifacts import int4  # noqa: E402
-from grokc.artifacts.kernel_abi import KERNEL_ABI, ArgKind, Param  # noqa: E402
+from grokc.abi import int4  # noqa: E402
+from grokc.abi.ops import KERNEL_ABI, ArgKind, Param  # noqa: E402
 from grokc.runner import cuda_driver as cd  # noqa: E402
 from grokc.runner.cpu import OPS  # noqa: E402
 from grokc.targets import KernelCall, build_cubin, get_target, select  # noqa: E402

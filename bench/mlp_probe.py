@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import linear_kernels as lk  # noqa: E402  (maps grokc onto the checkout)
 import attention_kernels as ak  # noqa: E402
+import linear_kernels as lk  # noqa: E402  (maps grokc onto the checkout)
 
-from grokc.artifacts import mlp_tiles  # noqa: E402
+from grokc.abi import mlp_tiles  # noqa: E402
 from grokc.runner.cpu import OPS  # noqa: E402
 
 cd = lk.cd

@@ -21,16 +21,16 @@ import re
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 
-from grokc.artifacts.errors import TargetError
+from profile_plan import busy_runner, replay_us, use_kernels
+
 from grokc.artifacts.plan import BufferKind, Launch
+from grokc.core.errors import TargetError
 from grokc.runner import cuda_driver as cd
 from grokc.targets import rules_attention, rules_linear
 from grokc.targets.archs import get_target
 from grokc.targets.base import KernelCall, Target
 from grokc.targets.nvcc import build_cubin
 from grokc.targets.select import RULES
-
-from profile_plan import busy_runner, replay_us, use_kernels
 
 
 def parse_variant(text: str) -> tuple[str, list[tuple[str, str]]]:

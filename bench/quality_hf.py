@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from grokc.artifacts.store import open_artifact
-from grokc.compiler.quality import pydoc_text
+from grokc.compiler.text import pydoc_text
 
 _HF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
        "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",

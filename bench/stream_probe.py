@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from grokc.artifacts.kernel_abi import ArgKind, Param
+from grokc.abi.ops import ArgKind, Param
 from grokc.runner import cuda_driver as cd
 
 PARAMS = (Param("src", ArgKind.PTR), Param("times", ArgKind.PTR), Param("sink", ArgKind.PTR),

@@ -28,12 +28,11 @@ import json
 from collections import defaultdict
 
 import numpy as np
+from profile_plan import busy_runner, use_kernels
 
 from grokc.runner import cuda_driver as cd
 from grokc.targets.archs import get_target
 from grokc.targets.nvcc import build_cubin
-
-from profile_plan import busy_runner, use_kernels
 
 MARKS = 3  # trace.cuh's kMarks
 RECORD = np.dtype([("start", "<u8"), ("wait", "<u8"), ("end", "<u8"), ("marks", "<u8", (MARKS,)), ("kernel", "<u4"),

@@ -16,22 +16,21 @@ from pathlib import Path
 from typing import Callable
 
 from grokc.artifacts import store
-from grokc.artifacts.errors import BuildOptionError, QualityError
 from grokc.artifacts.manifest import Manifest
 from grokc.artifacts.plan import Plan
-from grokc.compiler.ir import WeightFormat
-from grokc.passes.quantize import QUANT
+from grokc.compiler import __version__, quality, synthetic_weights
+from grokc.compiler.calibrate import CalibrationOptions, calibrate
+from grokc.compiler.frontends import LoadedModel, load_model
+from grokc.compiler.frontends.synthetic import load_config
+from grokc.compiler.lower import lower
+from grokc.compiler.pipeline import CompileOptions, compile_module
+from grokc.compiler.trace import trace_module
+from grokc.core import tensors as names
+from grokc.core.errors import BuildOptionError, QualityError
+from grokc.core.ir import Module, WeightFormat
 from grokc.passes.static_shapes import StaticShapes
+from grokc.quant.recipe import QUANT
 from grokc.targets import Target, build_cubin, get_target, rules_mlp
-
-from . import __version__, names, quality, synthetic_weights
-from .calibrate import CalibrationOptions, calibrate
-from .frontends import LoadedModel, load_model
-from .frontends.synthetic import load_config
-from .ir import Module
-from .lower import lower
-from .pipeline import CompileOptions, compile_module
-from .trace import trace_module
 
 Progress = Callable[[str], None]
 

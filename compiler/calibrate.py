@@ -2,12 +2,12 @@
 
 What: ``calibrate(loaded, recipe, opts)`` runs grokc's torch Llama in float32 on the source
 weights over ``opts.samples`` windows of ``opts.tokens`` tokens of calibration text and returns a
-``passes.quantize.Calibration``: plain f32 ``[K, K]`` arrays keyed by ``names.input_key`` (one
+``quant.calibration.Calibration``: plain f32 ``[K, K]`` arrays keyed by ``names.input_key`` (one
 per distinct input: q/k/v share one, gate/up another, then o_proj's and down_proj's, and
 ``names.LM_HEAD`` for the LM head's normed input). The quantize pass turns them into GPTQ
 codes; it never runs the model itself.
 
-Text: the calibration split of the pydoc topics (``quality.pydoc_text("calibration")``), never the
+Text: the calibration split of the pydoc topics (``text.pydoc_text("calibration")``), never the
 split that ``grokc eval`` and the build's quality report measure. Windows start at offsets drawn
 by ``numpy.random.default_rng(opts.seed)``, so the statistics are a function of the inputs.
 
@@ -26,14 +26,16 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from grokc.artifacts.errors import BuildOptionError
-from grokc.passes.quantize import Calibration, QuantRecipe, dequantized_embedding, dequantized_weight
-
-from . import names
-from .ir import WeightFormat
-from .frontends import LoadedModel
-from .models.llama import Llama
-from .quality import pydoc_text, reference_model
+from grokc.compiler.frontends import LoadedModel
+from grokc.compiler.models.llama import Llama
+from grokc.compiler.quality import reference_model
+from grokc.compiler.text import pydoc_text
+from grokc.core import tensors as names
+from grokc.core.errors import BuildOptionError
+from grokc.core.ir import WeightFormat
+from grokc.quant.calibration import Calibration
+from grokc.quant.recipe import QuantRecipe
+from grokc.quant.weights import dequantized_embedding, dequantized_weight
 
 Progress = Callable[[str], None]
 Quantizer = Callable[[str, np.ndarray, np.ndarray], np.ndarray]  # (weight name, W f32, H) -> dequantized W

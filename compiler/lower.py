@@ -10,11 +10,11 @@ about the file layout or the runner lives here.
 
 from __future__ import annotations
 
-from grokc.artifacts import mlp_tiles
-from grokc.artifacts.errors import UnsupportedOp
-from grokc.artifacts.kernel_abi import KERNEL_ABI, ArgKind
+from grokc.abi import mlp_tiles
+from grokc.abi.ops import KERNEL_ABI, ArgKind
 from grokc.artifacts.plan import Arg, Buffer, BufferKind, GraphPlan, Launch, Plan
-from grokc.compiler.ir import AttnMode, DType, Graph, Module, Node, OpKind, TensorType, WeightFormat
+from grokc.core.errors import UnsupportedOp
+from grokc.core.ir import AttnMode, DType, Graph, Module, Node, OpKind, TensorType, WeightFormat
 from grokc.passes.memory_plan import MemoryPlan
 from grokc.targets import KernelCall, Target, select
 

@@ -9,13 +9,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from grokc.passes import (fuse_attention, fuse_decode_mlp, fuse_epilogues, fuse_mlp, memory_plan, quantize,
-                          rope_table, sparse_residual, static_shapes)
-from grokc.passes.quantize import Calibration, QuantRecipe
+from grokc.core.ir import Module, verify
+from grokc.passes import (
+    fuse_attention,
+    fuse_decode_mlp,
+    fuse_epilogues,
+    fuse_mlp,
+    memory_plan,
+    quantize,
+    rope_table,
+    sparse_residual,
+    static_shapes,
+)
 from grokc.passes.rope_table import RopeTableConfig
 from grokc.passes.static_shapes import StaticShapes
-
-from .ir import Module, verify
+from grokc.quant.calibration import Calibration
+from grokc.quant.recipe import QuantRecipe
 
 
 @dataclass(frozen=True)

@@ -26,53 +26,18 @@ from typing import Callable
 import numpy as np
 import torch
 
-from grokc.artifacts.errors import ArtifactError
-
-from grokc.artifacts import int4, int8
+from grokc.abi import int4, int8
+from grokc.compiler.frontends import LoadedModel
+from grokc.compiler.models.llama import Llama
+from grokc.compiler.text import pydoc_text, windows
+from grokc.core import tensors as names
+from grokc.core.config import ModelConfig
+from grokc.core.errors import ArtifactError
+from grokc.core.ir import Module, Node, OpKind, WeightFormat
 from grokc.passes import sparse_residual
-
-from . import names
-from .config import ModelConfig
-from .frontends import LoadedModel, load_model
-from .ir import Module, Node, OpKind, WeightFormat
-from .models.llama import Llama
+from grokc.quant import residual
 
 Progress = Callable[[str], None]
-
-
-SPLITS = ("eval", "calibration")
-
-
-def pydoc_topics(split: str) -> list[str]:
-    """Names of the pydoc topics of ``split``: sorted, even positions for "eval", odd for "calibration"."""
-    import pydoc_data.topics as topics
-
-    if split not in SPLITS:
-        raise ValueError(f"unknown text split {split!r}; choose one of {SPLITS}")
-    keys = sorted(topics.topics)
-    return keys[0::2] if split == "eval" else keys[1::2]
-
-
-def pydoc_text(split: str = "eval") -> str:
-    """The text of ``split``: the evaluation topics whole (~250K characters); the calibration topics
-    without any paragraph that also occurs in an evaluation topic (~135K; the topics quote each
-    other, e.g. "compound" holds "while")."""
-    import pydoc_data.topics as topics
-
-    def paragraphs(s: str) -> list[str]:
-        return [p for k in pydoc_topics(s) for p in topics.topics[k].split("\n\n")]
-
-    if split == "eval":
-        return "\n\n".join(topics.topics[k] for k in pydoc_topics("eval"))
-    held_out = {p.strip() for p in paragraphs("eval")}
-    return "\n\n".join(p for p in paragraphs(split) if p.strip() not in held_out)
-
-
-def windows(token_ids: list[int], n_tokens: int, context: int) -> list[list[int]]:
-    """``n_tokens`` tokens cut into consecutive windows of ``context`` tokens."""
-    if len(token_ids) < n_tokens:
-        raise ArtifactError(f"the evaluation text has only {len(token_ids)} tokens; ask for --tokens {len(token_ids)} or fewer")
-    return [token_ids[i:i + context] for i in range(0, n_tokens - context + 1, context)]
 
 
 def reference_model(cfg: ModelConfig, hf_weights: dict[str, np.ndarray]) -> Llama:
@@ -141,7 +106,7 @@ def _dense(module: Module, n: Node) -> np.ndarray:
                    n.attrs.group_size)
     base = n.inputs["qweight"].rsplit(".", 1)[0]
     csr = [f"{base}.{role}" for role in sparse_residual.ROLES]    # the fp16 residual, when kept
-    return sparse_residual.scatter(w, *(p[c] for c in csr)) if csr[0] in p else w
+    return residual.scatter(w, *(p[c] for c in csr)) if csr[0] in p else w
 
 
 @torch.no_grad()
@@ -184,25 +149,6 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     x = x - x.max(-1, keepdims=True)
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
-
-
-def evaluate_artifact(artifact: Path, model: Path, tokens: int = 1024, context: int = 256,
-                      progress: Progress = lambda s: None) -> dict:
-    """Quality metrics of ``artifact`` (its CPU plan) against the source ``model`` on the evaluation split."""
-    from grokc.runner import Runner
-
-    runner = Runner(artifact, device="cpu")
-    loaded = load_model(model, progress=progress)
-    check_source(runner.artifact.manifest.source, loaded.source_sha256, model)
-    wins = windows(runner.encode(pydoc_text("eval")), tokens, context)
-    # The plan (numpy) runs before the reference (torch): once torch's thread pool has run, its idle
-    # threads slow numpy's BLAS several-fold on a machine with few cores.
-    progress(f"artifact: teacher-forced decode on the CPU plan, {len(wins)} windows of {context} tokens")
-    art = runner.engine.score(wins)
-    progress("reference: the unquantized torch model")
-    ref_model = reference_model(loaded.config, loaded.weights)
-    ref = [reference_logits(ref_model, w) for w in wins]
-    return {"quant": runner.artifact.manifest.quant, "tokens": tokens, "context": context, **metrics(ref, art, wins)}
 
 
 def build_report(loaded: LoadedModel, module: Module, tokens: int, context: int,

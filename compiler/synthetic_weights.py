@@ -14,9 +14,9 @@ from typing import Mapping
 
 import numpy as np
 
-from grokc.artifacts.kernel_abi import KERNEL_ABI, ArgKind
+from grokc.abi.ops import KERNEL_ABI, ArgKind
+from grokc.abi.synthetic import Fill, SyntheticTensor
 from grokc.artifacts.plan import Arg, GraphPlan, Launch
-from grokc.artifacts.synthetic import Fill, SyntheticTensor
 from grokc.passes.rope_table import TABLE
 from grokc.passes.static_shapes import EOS_IDS
 from grokc.targets import KernelCall, Target, select

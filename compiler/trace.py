@@ -14,11 +14,23 @@ from typing import Callable, Mapping
 import numpy as np
 import torch
 
-from grokc.artifacts.errors import UnsupportedModel, UnsupportedOp
-
-from .config import ModelConfig
-from .ir import AttentionAttrs, DType, EmbeddingAttrs, Graph, LinearAttrs, Module, Node, OpKind, RmsNormAttrs, RopeAttrs, TensorType, frozen_array
-from .models.llama import Llama, model_buffers
+from grokc.compiler.models.llama import Llama, model_buffers
+from grokc.core.config import ModelConfig
+from grokc.core.errors import UnsupportedModel, UnsupportedOp
+from grokc.core.ir import (
+    AttentionAttrs,
+    DType,
+    EmbeddingAttrs,
+    Graph,
+    LinearAttrs,
+    Module,
+    Node,
+    OpKind,
+    RmsNormAttrs,
+    RopeAttrs,
+    TensorType,
+    frozen_array,
+)
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping
 
-from grokc.compiler.ir import Graph, Module, Node, TensorType
+from grokc.core.ir import Graph, Module, Node, TensorType
 
 
 def rebuild_graph(g: Graph, nodes: Iterable[Node], new_types: Mapping[str, TensorType] = {},

@@ -19,12 +19,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from grokc.artifacts.errors import UnsupportedModel
-from grokc.compiler.ir import DType, Graph, LinearAttrs, Module, Node, OpKind, TensorType, frozen_array
-from grokc.compiler.names import layer
-
-from ._graph import rebuild_graph, rewrite_graphs, single_use
-from ._rowwise import concat_rows
+from grokc.core.errors import UnsupportedModel
+from grokc.core.ir import DType, Graph, LinearAttrs, Module, Node, OpKind, TensorType, frozen_array
+from grokc.core.rowwise import concat_rows
+from grokc.core.tensors import layer
+from grokc.passes._graph import rebuild_graph, rewrite_graphs, single_use
 
 
 def run(module: Module) -> Module:

@@ -29,10 +29,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from grokc.compiler.ir import (Act, DType, Graph, LinearAttrs, MlpDecodeAttrs, Module, Node, OpKind, TensorType,
-                               WeightFormat)
-
-from ._graph import rebuild_graph, rebuild_module, single_use
+from grokc.core.ir import Act, DType, Graph, LinearAttrs, MlpDecodeAttrs, Module, Node, OpKind, TensorType, WeightFormat
+from grokc.passes._graph import rebuild_graph, rebuild_module, single_use
 
 GRAPH = "decode_1"
 STATE = "decode.mlp_acc"

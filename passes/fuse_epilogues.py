@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from grokc.compiler.ir import Graph, Module, Node, OpKind
-
-from ._graph import rebuild_graph, rebuild_module, single_use
+from grokc.core.ir import Graph, Module, Node, OpKind
+from grokc.passes._graph import rebuild_graph, rebuild_module, single_use
 
 
 def run(module: Module) -> Module:

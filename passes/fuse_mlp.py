@@ -15,10 +15,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from grokc.compiler.ir import Act, Graph, LinearAttrs, Module, Node, OpKind, frozen_array
-
-from ._graph import rebuild_graph, rewrite_graphs, single_use
-from ._rowwise import concat_rows
+from grokc.core.ir import Act, Graph, LinearAttrs, Module, Node, OpKind, frozen_array
+from grokc.core.rowwise import concat_rows
+from grokc.passes._graph import rebuild_graph, rewrite_graphs, single_use
 
 
 def run(module: Module) -> Module:

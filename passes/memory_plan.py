@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grokc.artifacts.plan import ARENA_ALIGN
-from grokc.compiler.ir import Graph, Module, TensorType
+from grokc.core.ir import Graph, Module, TensorType
 
 
 @dataclass(frozen=True)

@@ -42,210 +42,27 @@ for the embedding table.
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field, replace
-from types import MappingProxyType
-from typing import Any, Mapping
+from dataclasses import replace
 
 import numpy as np
 
-from grokc.artifacts import int4, int8
-from grokc.artifacts.errors import BuildOptionError
-from grokc.compiler import names
-from grokc.compiler.ir import EmbeddingAttrs, Module, Node, OpKind, WeightFormat, frozen_array
-
-from ._graph import rebuild_graph, rebuild_module
-from ._rowwise import as_f16, rowwise
-from . import sparse_residual
-from .gptq import quantize_gptq_residual
-from .rounding import int8_rtn, quantize_rtn
-
-# Largest --fp16-residual: each kept entry costs 6 bytes (i32 column, f16 value), so at 10% the
-# residual already outweighs the int4 codes it corrects (0.6 vs 0.5 bytes per weight).
-MAX_RESIDUAL = 0.1
-
-
-class Rounding(enum.Enum):
-    RTN = "rtn"    # round to nearest (rounding.py)
-    GPTQ = "gptq"  # calibrated error compensation (gptq.py)
-
-
-@dataclass(frozen=True)
-class QuantRecipe:
-    """A weight-quantization scheme. ``name`` is how ``--quant`` and the manifest call it."""
-
-    name: str
-    weight_format: WeightFormat          # of the transformer-block LINEARs
-    group_size: int = 0                  # 0: per output channel
-    symmetric: bool = True
-    rounding: Rounding = Rounding.RTN
-    act_order: bool = False              # GPTQ: visit columns by decreasing input energy
-    clip_search: bool = False            # GPTQ per channel: shrink each row's range where that lowers the error
-    damp: float = 0.01                   # GPTQ: fraction of the mean Hessian diagonal added to it
-    lm_head: WeightFormat = WeightFormat.F16
-    fp16_residual: float = 0.0           # fraction of each int4 weight's entries kept as f16 corrections
-    embeddings: WeightFormat = WeightFormat.F16  # the token embedding table: f16, q8 or q4 (round to nearest)
-
-    def __post_init__(self) -> None:
-        if self.weight_format not in (WeightFormat.F16, WeightFormat.Q4):
-            raise BuildOptionError(f"quantization '{self.name}' must store f16 or q4 weights")
-        if self.lm_head not in (WeightFormat.F16, WeightFormat.Q8, WeightFormat.Q4):
-            raise BuildOptionError(f"--lm-head {self.lm_head.value} is not supported; choose fp16, int8 or int4")
-        if self.embeddings not in (WeightFormat.F16, WeightFormat.Q8, WeightFormat.Q4):
-            raise BuildOptionError(f"--embeddings {self.embeddings.value} is not supported; choose fp16, int8 or int4")
-        if self.group_size < 0 or (self.group_size and self.group_size % 8):
-            raise BuildOptionError(
-                f"--group-size {self.group_size} is invalid; use 0 (per output channel) or a positive multiple of 8"
-            )
-        if self.rounding is Rounding.GPTQ and WeightFormat.Q4 not in (self.weight_format, self.lm_head):
-            raise BuildOptionError(f"quantization '{self.name}' asks for GPTQ rounding but stores no int4 weights")
-        if self.rounding is Rounding.RTN and (self.act_order or self.clip_search):
-            raise BuildOptionError(f"quantization '{self.name}': act_order and clip_search need GPTQ rounding")
-        if self.clip_search and self.group_size and not self.act_order:
-            raise BuildOptionError(f"quantization '{self.name}': clip_search with groups needs act_order "
-                                   "(static group scales)")
-        if not 0 < self.damp < 1:
-            raise BuildOptionError(f"quantization '{self.name}': damp {self.damp} must lie in (0, 1)")
-        if not 0 <= self.fp16_residual <= MAX_RESIDUAL:
-            raise BuildOptionError(f"--fp16-residual {self.fp16_residual:.4g} is outside [0, {MAX_RESIDUAL:.0%}]; "
-                                   "use a small fraction of the weights such as 0.5% (0 turns it off)")
-        if self.fp16_residual and WeightFormat.Q4 not in (self.weight_format, self.lm_head):
-            raise BuildOptionError(f"--fp16-residual corrects int4 weights but quantization '{self.name}' stores "
-                                   "none; choose an int4 recipe or --lm-head int4")
-
-    @property
-    def calibrated(self) -> bool:
-        """True when the recipe needs calibration statistics (``Calibration``)."""
-        return self.rounding is Rounding.GPTQ
-
-    @property
-    def summary(self) -> str:
-        """One line for ``--help`` and ``grokc inspect``."""
-        if self.weight_format is WeightFormat.F16:
-            return "f16 weights"
-        parts = ["per output channel" if not self.group_size else f"groups of {self.group_size}",
-                 "symmetric" if self.symmetric else "asymmetric"]
-        if self.calibrated:
-            parts.append("GPTQ" + "".join(f", {x}" for x, on in (("act-order", self.act_order),
-                                                                 ("clip search", self.clip_search)) if on))
-        else:
-            parts.append("round to nearest")
-        if self.fp16_residual:
-            parts.append(f"fp16 residual {self.fp16_residual:.3g}")
-        return ", ".join(parts)
-
-    def uncalibrated(self) -> "QuantRecipe":
-        """The same layout with round-to-nearest codes (for weights whose values do not matter)."""
-        return replace(self, rounding=Rounding.RTN, act_order=False, clip_search=False)
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "weight_format": self.weight_format.value, "group_size": self.group_size,
-                "symmetric": self.symmetric, "rounding": self.rounding.value, "act_order": self.act_order,
-                "clip_search": self.clip_search, "damp": self.damp, "lm_head": self.lm_head.value,
-                "embeddings": self.embeddings.value,
-                **({"fp16_residual": self.fp16_residual} if self.fp16_residual else {})}  # absent when off: same bytes as before
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """What GPTQ needs from calibration text, measured by the driver (``compiler/calibrate.py``).
-
-    ``hessians`` maps ``names.input_key(weight)`` (``names.LM_HEAD`` for the LM head) to the f32
-    ``[K, K]`` mean of ``x^T x`` over the calibration tokens of that linear's input ``x``;
-    ``info`` says how it was measured (text, samples, tokens, seed) and goes into the manifest.
-    """
-
-    hessians: Mapping[str, np.ndarray]
-    info: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for key, h in self.hessians.items():
-            if h.ndim != 2 or h.shape[0] != h.shape[1]:
-                raise BuildOptionError(f"calibration statistics for {key} have shape {h.shape}; they must be square")
-        object.__setattr__(self, "hessians", MappingProxyType(dict(self.hessians)))
-        object.__setattr__(self, "info", MappingProxyType(dict(self.info)))
-
-    def hessian(self, key: str, k: int) -> np.ndarray:
-        if key not in self.hessians:
-            raise BuildOptionError(f"the calibration statistics lack {key}; recalibrate with this model")
-        h = self.hessians[key]
-        if h.shape != (k, k):
-            raise BuildOptionError(f"the calibration statistics for {key} are {h.shape[0]}-wide but the "
-                                   f"weight has {k} inputs; recalibrate with this model")
-        return h
-
-
-_A = dict(weight_format=WeightFormat.Q4, symmetric=False, rounding=Rounding.GPTQ, act_order=True, clip_search=True)
-QUANT: dict[str, QuantRecipe] = {
-    "int4": QuantRecipe("int4", **_A),
-    "int4-g128": QuantRecipe("int4-g128", **_A, group_size=128),
-    "int4-g64": QuantRecipe("int4-g64", **_A, group_size=64),
-    "int4-rtn": QuantRecipe("int4-rtn", WeightFormat.Q4),
-    "int4-g64-rtn": QuantRecipe("int4-g64-rtn", WeightFormat.Q4, group_size=64, symmetric=False),
-    "fp16": QuantRecipe("fp16", WeightFormat.F16),
-}
-
-
-pack_int4 = rowwise(int4.pack)   # a synthetic build's placeholder codes stay one row
-
-
-def quantize_weight(w: np.ndarray, recipe: QuantRecipe, hessian: np.ndarray | None = None
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, tuple[np.ndarray, ...] | None]:
-    """int4 ``(codes, scales, zeros, residual)`` of one f32 weight ``[N, K]`` by ``recipe`` (GPTQ needs
-    ``hessian [K, K]``); ``residual`` is the fp16 correction as CSR ``(rowptr, cols, vals)``, or None
-    when the recipe keeps none."""
-    if recipe.calibrated:
-        codes, scales, zeros, dense = quantize_gptq_residual(
-            w, hessian, recipe.group_size, recipe.symmetric, keep=recipe.fp16_residual, damp=recipe.damp,
-            act_order=recipe.act_order, clip_search=recipe.clip_search)
-        return codes, scales, zeros, sparse_residual.from_dense(dense) if recipe.fp16_residual else None
-    codes, scales, zeros = quantize_rtn(w, recipe.group_size, recipe.symmetric)
-    if not recipe.fp16_residual:
-        return codes, scales, zeros, None
-    wq = int4.dequantize(int4.pack(codes), scales, zeros, recipe.group_size)
-    return codes, scales, zeros, sparse_residual.select(w, wq, recipe.fp16_residual)
-
-
-def dequantized_weight(w: np.ndarray, recipe: QuantRecipe, hessian: np.ndarray | None = None) -> np.ndarray:
-    """f32 ``[N, K]``: ``w`` as the kernels will see it after ``quantize_weight`` (fp16 residual included)."""
-    codes, scales, zeros, residual = quantize_weight(w, recipe, hessian)
-    wq = int4.dequantize(int4.pack(codes), scales, zeros, recipe.group_size)
-    return wq if residual is None else sparse_residual.scatter(wq, *residual)
-
-
-def embedding_group_size(hidden: int, recipe: QuantRecipe) -> int:
-    """The group size of an int4 table: the recipe's when it is > 0 and divides ``hidden``, else 0 (per row)."""
-    return recipe.group_size if recipe.group_size and hidden % recipe.group_size == 0 else 0
-
-
-def quantize_embedding(table: np.ndarray, recipe: QuantRecipe
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
-    """``(codes, scales, zeros, group_size)`` of an f32 embedding table ``[V, H]`` by ``recipe.embeddings``
-    (q8 or q4), as ``kernel_abi``'s ``embedding`` op reads them.
-
-    q4: round-to-nearest (``quantize_rtn``), symmetric or asymmetric by the recipe, one scale per row
-    or per group (``embedding_group_size``); codes packed as ``artifacts/int4.py`` says, u8 ``[V, H/2]``.
-    q8: symmetric round-to-nearest per row (``int8_rtn``), u8 ``[V, H]`` codes with code 128 as zero;
-    ``zeros`` is None and ``group_size`` 0.
-    """
-    h = table.shape[1]
-    if recipe.embeddings is WeightFormat.Q8:
-        codes, scales, _ = int8_rtn(table)
-        return codes, scales, None, 0
-    if h % 8:
-        raise BuildOptionError(f"--embeddings int4 packs 8 codes per word but the hidden size is {h}; "
-                               "choose --embeddings int8 or fp16")
-    gs = embedding_group_size(h, recipe)
-    codes, scales, zeros = quantize_rtn(table, gs, recipe.symmetric)
-    return pack_int4(codes), scales, zeros, gs
-
-
-def dequantized_embedding(table: np.ndarray, recipe: QuantRecipe) -> np.ndarray:
-    """f32 ``[V, H]``: ``table`` as the ``embedding`` op will see it (f16-rounded when the recipe keeps f16)."""
-    if recipe.embeddings is WeightFormat.F16:
-        return table.astype(np.float16).astype(np.float32)
-    codes, scales, zeros, gs = quantize_embedding(table, recipe)
-    return (int4 if recipe.embeddings is WeightFormat.Q4 else int8).dequantize(codes, scales, zeros, gs)
+from grokc.core import tensors as names
+from grokc.core.errors import BuildOptionError
+from grokc.core.ir import (
+    EmbeddingAttrs,
+    Module,
+    Node,
+    OpKind,
+    WeightFormat,
+    frozen_array,
+)
+from grokc.core.rowwise import as_f16
+from grokc.passes import sparse_residual
+from grokc.passes._graph import rebuild_graph, rebuild_module
+from grokc.quant.calibration import Calibration
+from grokc.quant.recipe import QuantRecipe
+from grokc.quant.rtn import int8_rtn
+from grokc.quant.weights import pack_int4, quantize_embedding, quantize_weight
 
 
 def run(module: Module, recipe: QuantRecipe, calibration: Calibration | None = None) -> Module:

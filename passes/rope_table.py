@@ -16,10 +16,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from grokc.compiler import rope as rope_math
-from grokc.compiler.ir import Module, Node, frozen_array
-
-from ._graph import rebuild_graph, rebuild_module
+from grokc.core import rope as rope_math
+from grokc.core.ir import Module, Node, frozen_array
+from grokc.passes._graph import rebuild_graph, rebuild_module
 
 TABLE = "rope_table"
 

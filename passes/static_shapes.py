@@ -28,12 +28,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from grokc.artifacts.errors import BuildOptionError
-from grokc.artifacts.kernel_abi import KV_BLOCK_SIZE
+from grokc.abi.ops import KV_BLOCK_SIZE
 from grokc.artifacts.plan import IO
-from grokc.compiler.ir import AttnMode, DType, Graph, Module, Node, OpKind, TensorType, frozen_array
-
-from ._graph import rebuild_module
+from grokc.core.errors import BuildOptionError
+from grokc.core.ir import AttnMode, DType, Graph, Module, Node, OpKind, TensorType, frozen_array
+from grokc.passes._graph import rebuild_module
 
 EOS_IDS = "sampling.eos_ids"
 

@@ -4,7 +4,7 @@ Imports only numpy, cuda-python and tokenizers (and ``grokc.artifacts``); never 
 onnx, so an inference node needs nothing else.
 """
 
-from .engine import SamplingParams
-from .session import Runner
+from grokc.runner.engine import SamplingParams
+from grokc.runner.session import Runner
 
 __all__ = ["Runner", "SamplingParams"]

@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from grokc.artifacts import int4, int8, mlp_tiles
-from grokc.artifacts.errors import ArtifactError
-from grokc.artifacts.kernel_abi import KERNEL_ABI, KERNEL_VARIANTS, KV_BLOCK_SIZE, ArgKind
+from grokc.abi import int4, int8, mlp_tiles
+from grokc.abi.ops import KERNEL_ABI, KERNEL_VARIANTS, KV_BLOCK_SIZE, ArgKind
+from grokc.abi.rng import uniform
+from grokc.abi.synthetic import Fill, SyntheticTensor, materialize
 from grokc.artifacts.plan import Buffer, Launch, Plan
-from grokc.artifacts.rng import uniform
-from grokc.artifacts.synthetic import Fill, SyntheticTensor, materialize
+from grokc.core.errors import ArtifactError
 
 F16, F32, I32, U8 = np.float16, np.float32, np.int32, np.uint8
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from grokc.artifacts.errors import GrokcError
-from grokc.artifacts.kernel_abi import ArgKind, Param
+from grokc.abi.ops import ArgKind, Param
+from grokc.core.errors import GrokcError
 
 # A kernel may use this much dynamic shared memory without opting in (cuFuncSetAttribute).
 DEFAULT_DYNAMIC_SMEM = 48 * 1024

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from grokc.artifacts.errors import RequestError
-from grokc.artifacts.kernel_abi import KV_BLOCK_SIZE
+from grokc.abi.ops import KV_BLOCK_SIZE
 from grokc.artifacts.plan import IO, Plan
-
-from .executor import Executor
+from grokc.core.errors import RequestError
+from grokc.runner.executor import Executor
 
 
 @dataclass(frozen=True)

@@ -23,13 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from grokc.artifacts.errors import ArtifactError, TargetError
-from grokc.artifacts.kernel_abi import KERNEL_ABI, ArgKind
+from grokc.abi.ops import KERNEL_ABI, ArgKind
+from grokc.abi.synthetic import SyntheticTensor
 from grokc.artifacts.plan import Buffer, GraphPlan, Launch, Plan
-from grokc.artifacts.synthetic import SyntheticTensor
-
-from . import cuda_driver as cd
-from .cuda_driver import CudaError, NoCudaDevice  # noqa: F401  (re-exported for the CLI)
+from grokc.core.errors import ArtifactError, TargetError
+from grokc.runner import cuda_driver as cd
+from grokc.runner.cuda_driver import CudaError, NoCudaDevice  # noqa: F401  (re-exported for the CLI)
 
 WEIGHT_ALIGN = 256
 _PARAM_BYTES = {ArgKind.PTR: 8, ArgKind.I32: 4, ArgKind.F32: 4}

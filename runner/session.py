@@ -17,11 +17,10 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from grokc.artifacts.errors import GrokcError
 from grokc.artifacts.store import Artifact, open_artifact
-
-from .engine import Engine, SamplingParams, Shapes
-from .executor import Executor
+from grokc.core.errors import GrokcError
+from grokc.runner.engine import Engine, SamplingParams, Shapes
+from grokc.runner.executor import Executor
 
 DEVICES = ("auto", "cuda", "cpu")
 
@@ -39,7 +38,7 @@ def choose_backend(artifact: Artifact, device: str) -> Backend:
     archs = artifact.manifest.archs
     if device == "cpu":
         return Backend("cpu", archs[0])
-    from . import gpu   # the GPU side needs cuda-python; the CPU side does not
+    from grokc.runner import gpu  # the GPU side needs cuda-python; the CPU side does not
     try:
         return Backend("cuda", gpu.check_device(archs))
     except gpu.NoCudaDevice:
@@ -52,10 +51,10 @@ def make_executor(artifact: Artifact, backend: Backend) -> Executor:
     """The backend's executor with every weight in place (synthetic ones filled by ``init``)."""
     plan, weights, synthetic = artifact.plan(backend.arch), artifact.weights(), artifact.synthetic()
     if backend.device == "cpu":
-        from .cpu import CpuExecutor
+        from grokc.runner.cpu import CpuExecutor
         executor = CpuExecutor(plan, {**weights, **{n: np.zeros(t.shape, t.dtype) for n, t in synthetic.items()}})
     else:
-        from .gpu import GpuExecutor
+        from grokc.runner.gpu import GpuExecutor
         executor = GpuExecutor(plan, {**weights, **synthetic}, artifact.cubin(backend.arch))
     if "init" in plan.graphs:
         executor.replay("init")

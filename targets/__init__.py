@@ -9,9 +9,9 @@ Public API::
 Builds on a machine with no GPU: only nvcc is needed.
 """
 
-from .archs import TARGETS, get_target
-from .base import KernelCall, KernelChoice, Target
-from .nvcc import build_cubin
-from .select import select
+from grokc.targets.archs import TARGETS, get_target
+from grokc.targets.base import KernelCall, KernelChoice, Target
+from grokc.targets.nvcc import build_cubin
+from grokc.targets.select import select
 
 __all__ = ["TARGETS", "get_target", "Target", "KernelCall", "KernelChoice", "select", "build_cubin"]

@@ -7,9 +7,8 @@ sm_90 device.
 
 from __future__ import annotations
 
-from grokc.artifacts.errors import TargetError
-
-from .base import Target
+from grokc.core.errors import TargetError
+from grokc.targets.base import Target
 
 TARGETS: dict[str, Target] = {
     t.name: t

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
-from grokc.artifacts.kernel_abi import KERNEL_ABI, ArgKind
+from grokc.abi.ops import KERNEL_ABI, ArgKind
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,9 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from grokc.artifacts.errors import TargetError
-
-from .base import Target
-from .select import MODULES, owner
+from grokc.core.errors import TargetError
+from grokc.targets.base import Target
+from grokc.targets.select import MODULES, owner
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 FLAGS: tuple[str, ...] = ("-O3", "-std=c++17", "--cubin")

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import re
 
-from grokc.artifacts.kernel_abi import KV_BLOCK_SIZE
-
-from .base import KernelCall, KernelChoice, KernelRule, Target, c_params
+from grokc.abi.ops import KV_BLOCK_SIZE
+from grokc.targets.base import KernelCall, KernelChoice, KernelRule, Target, c_params
 
 CLUSTER_MIN_CONTEXT = 4096
 EARLY_MIN_BATCH = 2  # decode attention loads its first cache blocks before the wait from this many slots on

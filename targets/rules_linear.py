@@ -34,7 +34,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from .base import KernelCall, KernelChoice, Target
+from grokc.targets.base import KernelCall, KernelChoice, Target
 
 HEADERS: tuple[str, ...] = (
     "common.cuh", "pdl.cuh", "linear_common.cuh", "linear_gemv2.cuh", "linear_gemv.cuh", "linear_gemm.cuh",

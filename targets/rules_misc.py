@@ -16,7 +16,7 @@ Same module protocol as ``rules_attention``: ``RULES`` (op -> ordered rules, fal
 
 from __future__ import annotations
 
-from .base import KernelCall, KernelChoice, KernelRule, Target, c_params
+from grokc.targets.base import KernelCall, KernelChoice, KernelRule, Target, c_params
 
 HEADERS: tuple[str, ...] = ("pdl.cuh", "cluster.cuh", "sample.cuh", "misc.cuh")
 

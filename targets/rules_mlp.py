@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 
-from .base import KernelCall, KernelChoice, KernelRule, Target, c_params
+from grokc.targets.base import KernelCall, KernelChoice, KernelRule, Target, c_params
 
 HEADERS: tuple[str, ...] = ("common.cuh", "pdl.cuh", "mlp_decode.cuh")
 

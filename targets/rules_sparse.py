@@ -15,7 +15,7 @@ it is the launch that gains from starting early.
 
 from __future__ import annotations
 
-from .base import KernelCall, KernelChoice, KernelRule, Target, c_params
+from grokc.targets.base import KernelCall, KernelChoice, KernelRule, Target, c_params
 
 HEADERS: tuple[str, ...] = ("pdl.cuh", "sparse_residual.cuh")
 

@@ -5,7 +5,7 @@ Same module protocol as the other rule modules: ``RULES``, ``HEADERS``, ``kernel
 
 from __future__ import annotations
 
-from .base import KernelCall, KernelChoice, KernelRule, Target
+from grokc.targets.base import KernelCall, KernelChoice, KernelRule, Target
 
 HEADERS: tuple[str, ...] = ("pdl.cuh", "synthetic.cuh",)
 SYMBOL = "fill_synthetic_gs256"

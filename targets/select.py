@@ -24,10 +24,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from grokc.artifacts.errors import TargetError, UnsupportedOp
-
-from . import rules_attention, rules_linear, rules_misc, rules_mlp, rules_sparse, rules_synthetic
-from .base import KernelCall, KernelChoice, KernelRule, Target
+from grokc.core.errors import TargetError, UnsupportedOp
+from grokc.targets import rules_attention, rules_linear, rules_misc, rules_mlp, rules_sparse, rules_synthetic
+from grokc.targets.base import KernelCall, KernelChoice, KernelRule, Target
 
 MODULES: tuple[ModuleType, ...] = (rules_linear, rules_attention, rules_misc, rules_mlp, rules_sparse, rules_synthetic)
 

@@ -1,6 +1,6 @@
 """RoPE configurations the tests run: one of each scaling type grokc supports."""
 
-from grokc.compiler.config import RopeConfig, RopeType
+from grokc.core.config import RopeConfig, RopeType
 
 ROPES = {
     "default": RopeConfig(theta=10000.0),

@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 
-from grokc.compiler.config import ModelConfig, RopeConfig
 from grokc.compiler.frontends import LoadedModel, weight_shapes
+from grokc.core.config import ModelConfig, RopeConfig
 
 
 def tiny_config(**overrides) -> ModelConfig:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from grokc.artifacts.errors import UnsupportedModel
-from grokc.compiler.config import ModelConfig
+from grokc.core.config import ModelConfig
+from grokc.core.errors import UnsupportedModel
 
 GGUF_MAGIC = b"GGUF"
 

@@ -28,10 +28,10 @@ from typing import Any
 import gguf
 import numpy as np
 
-from grokc.artifacts.errors import UnsupportedModel
-from grokc.compiler.config import ModelConfig, RopeConfig, RopeType
 from grokc.compiler.frontends import LoadedModel, file_sha256, frozen_fp32, weight_names, weight_shapes
 from grokc.compiler.frontends.gguf_tokenizer import build_tokenizer_json
+from grokc.core.config import ModelConfig, RopeConfig, RopeType
+from grokc.core.errors import UnsupportedModel
 
 ARCH = "llama"
 

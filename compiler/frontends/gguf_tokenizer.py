@@ -29,7 +29,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from grokc.artifacts.errors import UnsupportedModel
+from grokc.core.errors import UnsupportedModel
 
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4

@@ -29,9 +29,9 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from grokc.artifacts.errors import UnsupportedModel
-from grokc.compiler.config import ModelConfig, RopeConfig, RopeType
 from grokc.compiler.frontends import LoadedModel, check_weight_shapes, file_sha256, weight_names
+from grokc.core.config import ModelConfig, RopeConfig, RopeType
+from grokc.core.errors import UnsupportedModel
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
 _ROPE_TYPES = {"default": RopeType.DEFAULT, "linear": RopeType.LINEAR, "llama3": RopeType.LLAMA3, "yarn": RopeType.YARN}

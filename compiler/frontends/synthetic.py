@@ -14,10 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from grokc.artifacts.errors import UnsupportedModel
-
-from . import LoadedModel, weight_shapes
-from .hf import config_from_hf
+from grokc.compiler.frontends import LoadedModel, weight_shapes
+from grokc.compiler.frontends.hf import config_from_hf
+from grokc.core.errors import UnsupportedModel
 
 
 def load_config(path: str | Path, seed: int) -> LoadedModel:

@@ -12,9 +12,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .. import rope as rope_math
-from ..config import ModelConfig
-from . import ops  # noqa: F401  (registers torch.ops.grokc.*)
+from grokc.compiler.models import ops  # noqa: F401  (registers torch.ops.grokc.*)
+from grokc.core import rope as rope_math
+from grokc.core.config import ModelConfig
 
 
 def model_buffers(cfg: ModelConfig) -> dict[str, np.ndarray]:

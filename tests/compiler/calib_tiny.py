@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from tiny_llama import tiny_loaded
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from grokc.compiler.frontends import LoadedModel
 from grokc.compiler.frontends.gguf_tokenizer import bytes_to_unicode
-from tiny_llama import tiny_loaded
 
 
 def byte_tokenizer_json() -> str:

@@ -1,9 +1,9 @@
 """Tiny artifacts built once per session for the compiler tests (random weights, real nvcc)."""
 
 import pytest
+from tiny_llama import tiny_loaded
 
 from grokc.compiler.build import BuildOptions, build_loaded
-from tiny_llama import tiny_loaded
 
 TINY_OPTS = dict(archs=("sm90",), batch=3, buckets=(16, 64), max_seq=128)
 

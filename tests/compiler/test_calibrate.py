@@ -3,19 +3,25 @@
 import numpy as np
 import pytest
 import torch
-
 from calib_tiny import byte_loaded
-from grokc.artifacts import int4
-from grokc.artifacts.errors import BuildOptionError
-from grokc.compiler import names
+
+from grokc.abi import int4
 from grokc.compiler.build import compile_loaded
-from grokc.compiler.calibrate import CalibrationOptions, calibrate, calibration_windows, collect
-from grokc.compiler.ir import OpKind
+from grokc.compiler.calibrate import (
+    CalibrationOptions,
+    calibrate,
+    calibration_windows,
+    collect,
+)
 from grokc.compiler.pipeline import CompileOptions
 from grokc.compiler.quality import reference_model
-from grokc.passes.gptq import quantize_gptq
-from grokc.passes.quantize import QUANT, Calibration
+from grokc.core import tensors as names
+from grokc.core.errors import BuildOptionError
+from grokc.core.ir import OpKind
 from grokc.passes.static_shapes import StaticShapes
+from grokc.quant.calibration import Calibration
+from grokc.quant.gptq import quantize_gptq
+from grokc.quant.recipe import QUANT
 
 TOKENS = list(range(1000))
 
@@ -105,8 +111,8 @@ def test_a_calibrated_recipe_without_statistics_is_refused(tiny):
 def test_int4_lm_head_is_calibrated_on_the_final_norm_output(tiny):
     from dataclasses import replace
 
-    from grokc.compiler.ir import WeightFormat
     from grokc.compiler.quality import stored_weights
+    from grokc.core.ir import WeightFormat
 
     recipe = replace(QUANT["int4"], lm_head=WeightFormat.Q4)
     calib = calibrate(tiny, recipe, CalibrationOptions(samples=2, tokens=64, sequential=False))
@@ -124,8 +130,8 @@ def test_int4_lm_head_is_calibrated_on_the_final_norm_output(tiny):
 def test_kernels_compile_before_calibration_and_once(monkeypatch, tmp_path):
     """A calibrated build runs nvcc before calibrating (a toolchain failure costs seconds, not the
     calibration's minutes), and reuses that cubin: one nvcc run per arch."""
-    from grokc.artifacts.errors import TargetError
     from grokc.compiler import build as build_mod
+    from grokc.core.errors import TargetError
 
     events: list[str] = []
     real_cubin, real_calibrate = build_mod.build_cubin, build_mod.calibrate

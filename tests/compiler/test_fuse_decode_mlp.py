@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tiny_llama import tiny_config, tiny_loaded
 
 from grokc.artifacts.store import open_artifact
-from grokc.compiler.bench import decode_bytes
+from grokc.cli.bench import decode_bytes
 from grokc.compiler.build import BuildOptions, build_loaded
-from grokc.compiler.config import ModelConfig
+from grokc.core.config import ModelConfig
 from grokc.runner.engine import Engine, SamplingParams, Shapes
 from grokc.runner.session import Backend, make_executor
 from grokc.targets import rules_mlp
-from tiny_llama import tiny_config, tiny_loaded
 
 SHAPES = dict(hidden_size=2048, intermediate_size=512, num_heads=32, num_kv_heads=8, head_dim=64, vocab_size=256)
 

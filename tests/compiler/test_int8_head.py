@@ -18,14 +18,13 @@ import json
 
 import numpy as np
 import pytest
-
-from grokc.compiler.build import BuildOptions, build, build_loaded
-from grokc.compiler.inspect import describe, render
-from grokc.compiler.quality import reference_logits, reference_model
-from grokc.runner import Runner
-
 from conftest import TINY_OPTS
 from test_plan_vs_torch import TOL, stored_weights
+
+from grokc.cli.inspect import describe, render
+from grokc.compiler.build import BuildOptions, build, build_loaded
+from grokc.compiler.quality import reference_logits, reference_model
+from grokc.runner import Runner
 
 BUILDS = {  # name: (BuildOptions fields, the build with the same body and an f16 head)
     "fp16": (dict(quant="fp16"), None),

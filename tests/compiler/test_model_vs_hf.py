@@ -8,10 +8,10 @@ relative to the logits' RMS.
 import numpy as np
 import pytest
 import torch
-
-from grokc.compiler.quality import reference_model
 from tests_rope_configs import ROPES
 from tiny_llama import hf_config_dict, tiny_config, tiny_weights
+
+from grokc.compiler.quality import reference_model
 
 transformers = pytest.importorskip("transformers")
 

@@ -8,9 +8,9 @@ must agree to 2e-2 of their RMS at every position.
 import numpy as np
 import pytest
 
-from grokc.artifacts import int4
-from grokc.compiler.names import from_hf
+from grokc.abi import int4
 from grokc.compiler.quality import reference_logits, reference_model
+from grokc.core.tensors import from_hf
 from grokc.runner import Runner, SamplingParams
 
 TOL = 2e-2

@@ -6,18 +6,19 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
-
 from calib_tiny import byte_loaded
 from frontends.frontends_tiny import write_tiny_gguf
-from grokc.artifacts.errors import BuildOptionError, QualityError
-from grokc.compiler import calibrate, names, quality
+from typer.testing import CliRunner
+
+from grokc.cli.app import app
+from grokc.compiler import calibrate, quality, text
 from grokc.compiler.build import BuildOptions, _quality_gate, compile_loaded
 from grokc.compiler.calibrate import CalibrationOptions
-from grokc.compiler.cli import app
 from grokc.compiler.pipeline import CompileOptions
-from grokc.passes.quantize import QUANT
+from grokc.core import tensors as names
+from grokc.core.errors import BuildOptionError, QualityError
 from grokc.passes.static_shapes import StaticShapes
+from grokc.quant.recipe import QUANT
 from grokc.runner import Runner
 
 SHAPES = StaticShapes(2, (16,), 64, 0)
@@ -26,9 +27,9 @@ SHAPES = StaticShapes(2, (16,), 64, 0)
 def test_evaluation_and_calibration_splits_are_disjoint_and_cover_the_topics():
     import pydoc_data.topics as topics
 
-    ev, cal = set(quality.pydoc_topics("eval")), set(quality.pydoc_topics("calibration"))
+    ev, cal = set(text.pydoc_topics("eval")), set(text.pydoc_topics("calibration"))
     assert ev and cal and not ev & cal and ev | cal == set(topics.topics)
-    ev_text, cal_text = quality.pydoc_text("eval"), quality.pydoc_text("calibration")
+    ev_text, cal_text = text.pydoc_text("eval"), text.pydoc_text("calibration")
     shared = [p for p in cal_text.split("\n\n") if len(p.strip()) > 80 and p.strip() in ev_text]
     assert not shared, shared[0]   # the topics quote each other: the calibration text drops those paragraphs
     assert len(cal_text) > 100_000 and len(ev_text) > 200_000

@@ -14,17 +14,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from grokc.compiler.bench import decode_bytes
-from grokc.compiler.build import BuildOptions, build, build_loaded
-from grokc.compiler.config import ModelConfig
-from grokc.compiler.inspect import describe, render
-from grokc.compiler.quality import reference_logits, torch_llama
-from grokc.compiler.names import from_hf
-from grokc.runner import Runner
-
 from conftest import TINY_OPTS
-from test_plan_vs_torch import stored_weights   # the linears, as the artifact stores them
+from test_plan_vs_torch import (
+    stored_weights,  # the linears, as the artifact stores them
+)
+
+from grokc.cli.bench import decode_bytes
+from grokc.cli.inspect import describe, render
+from grokc.compiler.build import BuildOptions, build, build_loaded
+from grokc.compiler.quality import reference_logits, torch_llama
+from grokc.core.config import ModelConfig
+from grokc.core.tensors import from_hf
+from grokc.runner import Runner
 
 TOL = 2e-2
 BUILDS = {  # name: (BuildOptions fields)

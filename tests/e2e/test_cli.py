@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from grokc.compiler.cli import app
+from grokc.cli.app import app
 
 cli = CliRunner()
 

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from frontends_tiny import write_tiny_gguf, write_tiny_hf
 
 

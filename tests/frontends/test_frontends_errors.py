@@ -7,11 +7,10 @@ import json
 import numpy as np
 import pytest
 import torch
-
-from grokc.artifacts.errors import GrokcError, UnsupportedModel
-from grokc.compiler.frontends import load_model
-
 from frontends_tiny import tiny_hf_config
+
+from grokc.compiler.frontends import load_model
+from grokc.core.errors import GrokcError, UnsupportedModel
 
 
 def refusal(path, *needles: str) -> str:

@@ -9,10 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from grokc.artifacts.errors import UnsupportedModel
-from grokc.compiler.config import RopeType
 from grokc.compiler.frontends import load_model, weight_names
-from grokc.compiler.frontends.gguf import llama3_rope_factors, llama3_rope_from_factors, unpermute_qk
+from grokc.compiler.frontends.gguf import (
+    llama3_rope_factors,
+    llama3_rope_from_factors,
+    unpermute_qk,
+)
+from grokc.core.config import RopeType
+from grokc.core.errors import UnsupportedModel
 
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 

@@ -9,14 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from frontends_tiny import TEXTS, tiny_hf_config
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from grokc.compiler.config import RopeType
 from grokc.compiler.frontends import load_model
 from grokc.compiler.frontends.hf import folder_sha256
-
-from frontends_tiny import TEXTS, tiny_hf_config
+from grokc.core.config import RopeType
 
 
 @pytest.fixture(scope="module")

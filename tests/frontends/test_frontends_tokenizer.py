@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from frontends_tiny import TEXTS
 from tokenizers import Tokenizer
 
-from grokc.artifacts.errors import UnsupportedModel
 from grokc.compiler.frontends import load_model
 from grokc.compiler.frontends.gguf import read_metadata
 from grokc.compiler.frontends.gguf_tokenizer import build_tokenizer_json
-
-from frontends_tiny import TEXTS
-
+from grokc.core.errors import UnsupportedModel
 
 
 @pytest.fixture(scope="module")

@@ -78,7 +78,7 @@ def _ensure_grokc_importable() -> None:
 
 _ensure_grokc_importable()
 
-from grokc.artifacts.kernel_abi import KERNEL_ABI, ArgKind, Param  # noqa: E402
+from grokc.abi.ops import KERNEL_ABI, ArgKind, Param  # noqa: E402
 from grokc.runner import cuda_driver as cd  # noqa: E402
 
 _CONTEXT: cd.Context | None = None

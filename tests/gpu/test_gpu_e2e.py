@@ -8,7 +8,7 @@ greedy tokens must be identical.
 import numpy as np
 import pytest
 
-from grokc.artifacts.errors import TargetError
+from grokc.core.errors import TargetError
 from grokc.runner import Runner, SamplingParams
 
 TOL = 3e-2
@@ -95,6 +95,7 @@ def test_wrong_arch_is_refused(smollm2_artifacts):
 def test_synthetic_weights_fill_identically(tmp_path):
     """A tiny config-only build: the GPU's fill kernel and numpy's materialize give the same model."""
     import json
+
     from grokc.compiler.build import BuildOptions, build
 
     cfg = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,

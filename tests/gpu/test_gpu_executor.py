@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from kernel_harness import find_nvcc, nvcc_cubin, run_kernel
 
-from grokc.artifacts.errors import ArtifactError, TargetError
-from grokc.artifacts.kernel_abi import ArgKind, Param
+from grokc.abi.ops import ArgKind, Param
 from grokc.artifacts.plan import Arg, Buffer, BufferKind, GraphPlan, Launch, Plan
+from grokc.core.errors import ArtifactError, TargetError
 from grokc.runner import cuda_driver as cd
 from grokc.runner.gpu import GpuExecutor, check_device
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tiny_llama import tiny_config, tiny_loaded
 
 from grokc.artifacts.plan import IO
 from grokc.artifacts.store import open_artifact
@@ -25,7 +26,6 @@ from grokc.compiler.build import BuildOptions, build_loaded
 from grokc.runner.engine import Engine, SamplingParams, Shapes
 from grokc.runner.session import Backend, make_executor
 from grokc.targets import rules_mlp
-from tiny_llama import tiny_config, tiny_loaded
 
 SHAPES = dict(hidden_size=2048, intermediate_size=512, num_layers=3, num_heads=32, num_kv_heads=8, head_dim=64,
               vocab_size=256)

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from kernel_harness import run_kernel, seeded
 
-from grokc.artifacts.kernel_abi import KV_BLOCK_SIZE as S
+from grokc.abi.ops import KV_BLOCK_SIZE as S
 from grokc.runner.cpu import OPS
-from grokc.targets import rules_attention as ra
 from grokc.targets import build_cubin, get_target
+from grokc.targets import rules_attention as ra
 from grokc.targets.archs import TARGETS
 from grokc.targets.base import KernelCall
 

@@ -30,11 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-
 from kernel_harness import Launch, Shared, run_chain, run_kernel, seeded
 
-from grokc.artifacts import int4
-from grokc.artifacts.kernel_abi import KERNEL_ABI
+from grokc.abi import int4
+from grokc.abi.ops import KERNEL_ABI
 from grokc.runner.cpu import OPS
 from grokc.targets import KernelCall, build_cubin, get_target, rules_linear, select
 

@@ -18,12 +18,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from kernel_harness import run_kernel, seeded
-from grokc.artifacts import int4, mlp_tiles
-from grokc.artifacts.kernel_abi import KERNEL_ABI
+
+from grokc.abi import int4, mlp_tiles
+from grokc.abi.ops import KERNEL_ABI
 from grokc.runner.cpu import OPS
-from grokc.targets import KernelCall, build_cubin, get_target, rules_linear, rules_mlp, select
+from grokc.targets import (
+    KernelCall,
+    build_cubin,
+    get_target,
+    rules_linear,
+    rules_mlp,
+    select,
+)
 
 F16, F32 = np.float16, np.float32
 

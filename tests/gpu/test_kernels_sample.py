@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from kernel_harness import run_kernel, seeded
 
 from grokc.runner.cpu import OPS
-from grokc.targets import rules_misc as rm
 from grokc.targets import build_cubin, get_target
+from grokc.targets import rules_misc as rm
 from grokc.targets.archs import TARGETS
 from grokc.targets.base import KernelCall
 

@@ -14,14 +14,12 @@ wide to stage: the fallback), empty rows and a dense row of more than 32 entries
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
-
 from kernel_harness import Launch, Shared, run_chain, run_kernel, seeded
 from test_kernels_linear import TOL, check, make_case, oracle
 
-from grokc.artifacts.kernel_abi import KERNEL_ABI
+from grokc.abi.ops import KERNEL_ABI
 from grokc.runner.cpu import OPS
 from grokc.targets import KernelCall, build_cubin, get_target, rules_sparse, select
 

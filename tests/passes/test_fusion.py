@@ -1,12 +1,12 @@
 """The fusion passes turn each Llama layer into qkv-linear, attention, o-linear, gate_up-linear, down-linear."""
 
 import numpy as np
-
-from grokc.compiler.ir import Act, OpKind, verify
-from grokc.compiler.trace import trace_module
-from grokc.compiler.names import from_hf
-from grokc.passes import fuse_attention, fuse_epilogues, fuse_mlp
 from tiny_llama import tiny_config, tiny_weights
+
+from grokc.compiler.trace import trace_module
+from grokc.core.ir import Act, OpKind, verify
+from grokc.core.tensors import from_hf
+from grokc.passes import fuse_attention, fuse_epilogues, fuse_mlp
 
 
 def traced():

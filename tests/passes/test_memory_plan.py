@@ -1,11 +1,11 @@
 """Memory planning: live tensors never overlap, dead ones are reused, state stays put."""
 
 import numpy as np
+from tiny_llama import tiny_config
 
 from grokc.artifacts.plan import ARENA_ALIGN
-from grokc.compiler.ir import DType, Graph, Module, Node, OpKind, TensorType
+from grokc.core.ir import DType, Graph, Module, Node, OpKind, TensorType
 from grokc.passes import memory_plan
-from tiny_llama import tiny_config
 
 
 def chain_graph(sizes: list[int]) -> Graph:

@@ -8,13 +8,13 @@ attention-op code path that reads the table.
 
 import numpy as np
 import pytest
-
-from grokc.compiler import rope as rope_math
-from grokc.compiler.ir import Module
-from grokc.passes import rope_table
-from grokc.runner import cpu
 from tests_rope_configs import ROPES
 from tiny_llama import hf_config_dict, tiny_config
+
+from grokc.core import rope as rope_math
+from grokc.core.ir import Module
+from grokc.passes import rope_table
+from grokc.runner import cpu
 
 transformers = pytest.importorskip("transformers")
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402

@@ -13,10 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grokc.artifacts import rng
-from grokc.artifacts.errors import ArtifactError
-from grokc.artifacts.kernel_abi import KERNEL_ABI, KV_BLOCK_SIZE as S
+from grokc.abi import rng
+from grokc.abi.ops import KERNEL_ABI
+from grokc.abi.ops import KV_BLOCK_SIZE as S
 from grokc.artifacts.plan import Arg, Buffer, BufferKind, GraphPlan, Launch, Plan
+from grokc.core.errors import ArtifactError
 from grokc.runner import cpu
 from grokc.runner.cpu import OPS, CpuExecutor
 

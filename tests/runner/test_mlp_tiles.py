@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from grokc.artifacts import int4, mlp_tiles
-from grokc.artifacts.mlp_tiles import Part
+from grokc.abi import int4, mlp_tiles
+from grokc.abi.mlp_tiles import Part
 
 H, I = 128, 192  # two 64-column chunks of gate/up rows, three of down rows
 ROW = [0, 8, 0, 8, 0, 8, 0, 8]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from grokc.artifacts.errors import TargetError
+from grokc.core.errors import TargetError
 from grokc.targets import TARGETS, build_cubin, get_target, nvcc, rules_linear
 
 EM_CUDA = 190

@@ -13,9 +13,11 @@ import re
 
 import pytest
 
-from grokc.artifacts.errors import TargetError, UnsupportedOp
-from grokc.artifacts.kernel_abi import KERNEL_ABI
-from grokc.targets import get_target, rules_attention as ra, rules_misc as rm, select
+from grokc.abi.ops import KERNEL_ABI
+from grokc.core.errors import TargetError, UnsupportedOp
+from grokc.targets import get_target, select
+from grokc.targets import rules_attention as ra
+from grokc.targets import rules_misc as rm
 from grokc.targets.base import KernelCall
 
 MODELS = {  # (n_heads, n_kv_heads, head_dim)

@@ -6,8 +6,16 @@ import itertools
 
 import pytest
 
-from grokc.artifacts.errors import UnsupportedOp
-from grokc.targets import TARGETS, KernelCall, build_cubin, get_target, nvcc, rules_linear, select
+from grokc.core.errors import UnsupportedOp
+from grokc.targets import (
+    TARGETS,
+    KernelCall,
+    build_cubin,
+    get_target,
+    nvcc,
+    rules_linear,
+    select,
+)
 
 # (K, N, act, weight_format, out_dtype) of Llama-3.2-1B and SmolLM2-135M.
 LLAMA_1B = [(2048, 3072, "none", "q4", "f16"), (2048, 2048, "none", "q4", "f16"),

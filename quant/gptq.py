@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .rounding import rtn_codes, rtn_grid, int4_nearest
+from grokc.quant.rtn import int4_nearest, rtn_codes, rtn_grid
 
 CLIP_GRID = tuple(1.0 - 0.025 * i for i in range(21))  # 1.0 .. 0.5: scale shrink ratios tried by clip_search
 

@@ -17,9 +17,8 @@ from typing import Callable
 import numpy as np
 
 from grokc.artifacts.plan import Plan
+from grokc.core.config import ModelConfig
 from grokc.runner import Runner, SamplingParams
-
-from .config import ModelConfig
 
 Progress = Callable[[str], None]
 
@@ -100,7 +99,7 @@ def bench_artifact(path: Path, steps: int = 100, context: int = 128, baselines: 
     }
     runner.executor.close()
     if baselines:
-        from .baseline import copy_bandwidth_gbps, decode_baselines
+        from grokc.cli.baselines import copy_bandwidth_gbps, decode_baselines
 
         bw = copy_bandwidth_gbps()
         result["copy_bandwidth_GBps"] = bw

@@ -22,7 +22,7 @@ import enum
 
 import numpy as np
 
-from . import int4
+from grokc.abi import int4
 
 UNIT_ROWS = 16
 CHUNK = 64

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from grokc.artifacts import int4
-from grokc.passes._rowwise import as_f16, concat_rows, row_constant
-from grokc.passes.quantize import pack_int4
-from grokc.passes.rounding import int8_rtn, quantize_rtn
+from grokc.abi import int4
+from grokc.core.rowwise import as_f16, concat_rows, row_constant
+from grokc.quant.rtn import int8_rtn, quantize_rtn
+from grokc.quant.weights import pack_int4
 
 
 def constant_rows(row: np.ndarray, n: int) -> np.ndarray:

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .config import RopeConfig, RopeType
+from grokc.core.config import RopeConfig, RopeType
 
 
 def inv_freq(rope: RopeConfig, head_dim: int) -> tuple[np.ndarray, float]:

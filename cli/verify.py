@@ -15,11 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterator
 
-from grokc.artifacts.errors import ArtifactError
 from grokc.artifacts.store import open_artifact
-
-from .frontends import load_model
-from .quality import check_source, metrics, pydoc_text, reference_logits, reference_model, windows
+from grokc.compiler.frontends import load_model
+from grokc.compiler.quality import check_source, metrics, reference_logits, reference_model
+from grokc.compiler.text import pydoc_text, windows
+from grokc.core.errors import ArtifactError
 
 MIN_TOP1 = {"f16": 0.9, "q4": 0.35}
 CHECK_TOKENS = 64

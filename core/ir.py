@@ -23,7 +23,7 @@ from typing import Any, Mapping, Union
 
 import numpy as np
 
-from .config import ModelConfig
+from grokc.core.config import ModelConfig
 
 
 class DType(enum.Enum):

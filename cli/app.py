@@ -14,7 +14,7 @@ from typing import List, Optional
 
 import typer
 
-from grokc.artifacts.errors import GrokcError
+from grokc.core.errors import GrokcError
 
 app = typer.Typer(
     help="grokc: compile a Llama-family model ahead of time into a GPU artifact, and run it.",
@@ -60,7 +60,7 @@ def _fraction(text: str, option: str) -> float:
 
 
 def _recipes_help() -> str:
-    from grokc.passes.quantize import QUANT
+    from grokc.quant.recipe import QUANT
 
     return "; ".join(f"{name} ({r.summary})" for name, r in QUANT.items()) + "."
 
@@ -98,9 +98,9 @@ def build(
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON when done."),
 ):
     """Compile MODEL into an artifact: cubins per arch, graph plans, weights, tokenizer."""
-    from .build import BuildOptions, build as run_build
-
-    from .calibrate import CalibrationOptions
+    from grokc.compiler.build import BuildOptions
+    from grokc.compiler.build import build as run_build
+    from grokc.compiler.calibrate import CalibrationOptions
 
     opts = BuildOptions(archs=tuple(arch), quant=quant, group_size=group_size, symmetric=symmetric, lm_head=lm_head,
                         embeddings=embeddings,
@@ -151,7 +151,7 @@ def inspect(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ):
     """Show what an artifact holds: model, shapes, quantization, RoPE, files, graphs and kernels."""
-    from .inspect import describe, render
+    from grokc.cli.inspect import describe, render
 
     info = describe(artifact)
     typer.echo(json.dumps(info, indent=1, sort_keys=True) if as_json else render(info))
@@ -164,7 +164,7 @@ def verify(
     model: Optional[Path] = typer.Option(None, "--model", help="Source model: also check the artifact's numerics against it."),
 ):
     """Check every file's SHA-256; with --model, compare the artifact's logits to the source model."""
-    from .verify import verify_artifact
+    from grokc.cli.verify import verify_artifact
 
     for line in verify_artifact(artifact, model, progress=_progress):
         typer.echo(line)
@@ -179,7 +179,7 @@ def evaluate(
     context: int = typer.Option(256, "--context", help="Context length of each evaluated window."),
 ):
     """Perplexity and top-1 agreement of the artifact (CPU plan) against the unquantized model."""
-    from .quality import evaluate_artifact
+    from grokc.cli.evaluate import evaluate_artifact
 
     typer.echo(json.dumps(evaluate_artifact(artifact, model, tokens=tokens, context=context, progress=_progress),
                           indent=1, sort_keys=True))
@@ -194,7 +194,7 @@ def bench(
     baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="Also time PyTorch eager, eager + CUDA graph and torch.compile on the same shapes."),
 ):
     """Time load, first token, prefill per bucket and decode (batch 1 and the build's batch); print JSON."""
-    from .bench import bench_artifact
+    from grokc.cli.bench import bench_artifact
 
     typer.echo(json.dumps(bench_artifact(artifact, steps=steps, context=context, baselines=baselines,
                                          progress=_progress), indent=1, sort_keys=True))

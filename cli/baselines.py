@@ -16,8 +16,8 @@ from typing import Callable
 import torch
 from torch.nn import functional as F
 
-from .config import ModelConfig
-from .rope import table as rope_table
+from grokc.core.config import ModelConfig
+from grokc.core.rope import table as rope_table
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._rowwise import rowwise
+from grokc.core.rowwise import rowwise
 
 
 @rowwise

@@ -10,9 +10,9 @@ implementation but the definition of the int4 grid, which it re-derives per row 
 import numpy as np
 import pytest
 
-from grokc.artifacts import int4
-from grokc.passes.gptq import CLIP_GRID, quantize_gptq
-from grokc.passes.rounding import quantize_rtn
+from grokc.abi import int4
+from grokc.quant.gptq import CLIP_GRID, quantize_gptq
+from grokc.quant.rtn import quantize_rtn
 
 
 def grid(row: np.ndarray, symmetric: bool, ratio: float = 1.0) -> tuple[float, float]:
@@ -158,8 +158,8 @@ def test_residual_inside_the_loop_beats_restoring_after(gs, symmetric, act_order
     """keep = 5%: the f16 corrections GPTQ chooses per column lower ||X (W - Q - R)^T|| below GPTQ's
     alone and below restoring the same number of worst entries after GPTQ, on every problem; the
     residual holds at most the budget, and keep = 0 is GPTQ unchanged."""
-    from grokc.passes import sparse_residual
-    from grokc.passes.gptq import quantize_gptq_residual
+    from grokc.quant import residual
+    from grokc.quant.gptq import quantize_gptq_residual
 
     for seed in range(4):
         w, x, h = problem(16, 64, seed=seed)
@@ -172,6 +172,6 @@ def test_residual_inside_the_loop_beats_restoring_after(gs, symmetric, act_order
         assert r.dtype == np.float16 and 0 < np.count_nonzero(r) <= int(np.floor(0.05 * w.size + 0.5))
         inside = dequantized((codes, scales, zeros), gs) + r.astype(np.float32)
         wq = dequantized(plain, gs)
-        after = sparse_residual.scatter(wq, *sparse_residual.select(w, wq, 0.05, np.diag(h)))
+        after = residual.scatter(wq, *residual.select(w, wq, 0.05, np.diag(h)))
         err = {name: np.linalg.norm(x @ (w - v).T) for name, v in (("gptq", wq), ("inside", inside), ("after", after))}
         assert err["inside"] < err["gptq"] and err["inside"] < err["after"], (seed, err)

@@ -1,5 +1,5 @@
 """``python -m grokc.compiler`` = the ``grokc`` command (for checkouts that are not installed)."""
 
-from .cli import main
+from grokc.cli.app import main
 
 main()

@@ -1,0 +1,113 @@
+"""A quantization scheme as one frozen recipe, and the registry of named presets (``--quant``).
+
+A ``QuantRecipe`` says how every weight of a model is stored: the transformer-block linears
+(f16, or int4 per output channel or per group, symmetric or with a zero-point, rounded to
+nearest or by GPTQ with its options), the LM head (f16, int8 or int4), the embedding table (f16,
+int8 or int4) and the optional fp16 residual of int4 weights. ``__post_init__`` refuses
+inconsistent combinations with one sentence each. ``QUANT`` holds the presets by name; a build
+takes one and overrides its parts from the command line (``dataclasses.replace``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+
+from grokc.core.errors import BuildOptionError
+from grokc.core.ir import WeightFormat
+
+# Largest --fp16-residual: each kept entry costs 6 bytes (i32 column, f16 value), so at 10% the
+# residual already outweighs the int4 codes it corrects (0.6 vs 0.5 bytes per weight).
+MAX_RESIDUAL = 0.1
+
+
+class Rounding(enum.Enum):
+    RTN = "rtn"    # round to nearest (rounding.py)
+    GPTQ = "gptq"  # calibrated error compensation (gptq.py)
+
+
+@dataclass(frozen=True)
+class QuantRecipe:
+    """A weight-quantization scheme. ``name`` is how ``--quant`` and the manifest call it."""
+
+    name: str
+    weight_format: WeightFormat          # of the transformer-block LINEARs
+    group_size: int = 0                  # 0: per output channel
+    symmetric: bool = True
+    rounding: Rounding = Rounding.RTN
+    act_order: bool = False              # GPTQ: visit columns by decreasing input energy
+    clip_search: bool = False            # GPTQ per channel: shrink each row's range where that lowers the error
+    damp: float = 0.01                   # GPTQ: fraction of the mean Hessian diagonal added to it
+    lm_head: WeightFormat = WeightFormat.F16
+    fp16_residual: float = 0.0           # fraction of each int4 weight's entries kept as f16 corrections
+    embeddings: WeightFormat = WeightFormat.F16  # the token embedding table: f16, q8 or q4 (round to nearest)
+
+    def __post_init__(self) -> None:
+        if self.weight_format not in (WeightFormat.F16, WeightFormat.Q4):
+            raise BuildOptionError(f"quantization '{self.name}' must store f16 or q4 weights")
+        if self.lm_head not in (WeightFormat.F16, WeightFormat.Q8, WeightFormat.Q4):
+            raise BuildOptionError(f"--lm-head {self.lm_head.value} is not supported; choose fp16, int8 or int4")
+        if self.embeddings not in (WeightFormat.F16, WeightFormat.Q8, WeightFormat.Q4):
+            raise BuildOptionError(f"--embeddings {self.embeddings.value} is not supported; choose fp16, int8 or int4")
+        if self.group_size < 0 or (self.group_size and self.group_size % 8):
+            raise BuildOptionError(
+                f"--group-size {self.group_size} is invalid; use 0 (per output channel) or a positive multiple of 8"
+            )
+        if self.rounding is Rounding.GPTQ and WeightFormat.Q4 not in (self.weight_format, self.lm_head):
+            raise BuildOptionError(f"quantization '{self.name}' asks for GPTQ rounding but stores no int4 weights")
+        if self.rounding is Rounding.RTN and (self.act_order or self.clip_search):
+            raise BuildOptionError(f"quantization '{self.name}': act_order and clip_search need GPTQ rounding")
+        if self.clip_search and self.group_size and not self.act_order:
+            raise BuildOptionError(f"quantization '{self.name}': clip_search with groups needs act_order "
+                                   "(static group scales)")
+        if not 0 < self.damp < 1:
+            raise BuildOptionError(f"quantization '{self.name}': damp {self.damp} must lie in (0, 1)")
+        if not 0 <= self.fp16_residual <= MAX_RESIDUAL:
+            raise BuildOptionError(f"--fp16-residual {self.fp16_residual:.4g} is outside [0, {MAX_RESIDUAL:.0%}]; "
+                                   "use a small fraction of the weights such as 0.5% (0 turns it off)")
+        if self.fp16_residual and WeightFormat.Q4 not in (self.weight_format, self.lm_head):
+            raise BuildOptionError(f"--fp16-residual corrects int4 weights but quantization '{self.name}' stores "
+                                   "none; choose an int4 recipe or --lm-head int4")
+
+    @property
+    def calibrated(self) -> bool:
+        """True when the recipe needs calibration statistics (``Calibration``)."""
+        return self.rounding is Rounding.GPTQ
+
+    @property
+    def summary(self) -> str:
+        """One line for ``--help`` and ``grokc inspect``."""
+        if self.weight_format is WeightFormat.F16:
+            return "f16 weights"
+        parts = ["per output channel" if not self.group_size else f"groups of {self.group_size}",
+                 "symmetric" if self.symmetric else "asymmetric"]
+        if self.calibrated:
+            parts.append("GPTQ" + "".join(f", {x}" for x, on in (("act-order", self.act_order),
+                                                                 ("clip search", self.clip_search)) if on))
+        else:
+            parts.append("round to nearest")
+        if self.fp16_residual:
+            parts.append(f"fp16 residual {self.fp16_residual:.3g}")
+        return ", ".join(parts)
+
+    def uncalibrated(self) -> "QuantRecipe":
+        """The same layout with round-to-nearest codes (for weights whose values do not matter)."""
+        return replace(self, rounding=Rounding.RTN, act_order=False, clip_search=False)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "weight_format": self.weight_format.value, "group_size": self.group_size,
+                "symmetric": self.symmetric, "rounding": self.rounding.value, "act_order": self.act_order,
+                "clip_search": self.clip_search, "damp": self.damp, "lm_head": self.lm_head.value,
+                "embeddings": self.embeddings.value,
+                **({"fp16_residual": self.fp16_residual} if self.fp16_residual else {})}  # absent when off: same bytes as before
+
+
+_A = dict(weight_format=WeightFormat.Q4, symmetric=False, rounding=Rounding.GPTQ, act_order=True, clip_search=True)
+QUANT: dict[str, QuantRecipe] = {
+    "int4": QuantRecipe("int4", **_A),
+    "int4-g128": QuantRecipe("int4-g128", **_A, group_size=128),
+    "int4-g64": QuantRecipe("int4-g64", **_A, group_size=64),
+    "int4-rtn": QuantRecipe("int4-rtn", WeightFormat.Q4),
+    "int4-g64-rtn": QuantRecipe("int4-g64-rtn", WeightFormat.Q4, group_size=64, symmetric=False),
+    "fp16": QuantRecipe("fp16", WeightFormat.F16),
+}
