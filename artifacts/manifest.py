@@ -1,20 +1,25 @@
-"""``manifest.json``: what an artifact holds, and the hash of every file in it.
+"""``manifest.json``: what an artifact holds, as typed sections, and the hash and size of every file.
 
 The manifest is plain JSON written with sorted keys. Its own integrity is covered by
-``manifest_sha256``: the SHA-256 of the manifest serialised without that field.
+``manifest_sha256``: the SHA-256 of the manifest serialised without that field. Every section
+is a frozen dataclass with ``to_json``/``from_json``; the records the passes decide (shapes,
+RoPE table, quantization) are ``core/meta.py``'s own, so the compiler and the runner read one
+definition. A manifest that does not parse into these sections is an ``ArtifactError``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
 
+from grokc.abi.synthetic import SyntheticTensor
+from grokc.core.config import ModelConfig
 from grokc.core.errors import ArtifactError
+from grokc.core.meta import QuantInfo, RopeTable, Shapes
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
@@ -25,30 +30,133 @@ def plan_file(arch: str) -> str:
     return f"{arch}/plan.json"
 
 
-def cubin_file(arch: str) -> str:
-    return f"{arch}/kernels.cubin"
+def kernels_file(arch: str, ptx: bool) -> str:
+    """The arch's kernels: a cubin (SASS only), or a fatbin when it also carries PTX."""
+    return f"{arch}/kernels.fatbin" if ptx else f"{arch}/kernels.cubin"
+
+
+@dataclass(frozen=True)
+class Source:
+    format: str   # "gguf" | "hf" | "config" (synthetic weights)
+    sha256: str   # of the bytes the model came from (each frontend says what exactly)
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    file: str
+    chat_template: str | None
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "chat_template": self.chat_template, "bos_token_id": self.bos_token_id,
+                "eos_token_ids": list(self.eos_token_ids)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "TokenizerInfo":
+        return cls(d["file"], d["chat_template"], d["bos_token_id"], tuple(d["eos_token_ids"]))
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """Weights the runner fills on the device at load (``abi/synthetic.py``) instead of reading them."""
+
+    seed: int
+    tensors: Mapping[str, SyntheticTensor]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seed": self.seed, "tensors": {n: t.to_json() for n, t in sorted(self.tensors.items())}}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "SyntheticSpec":
+        return cls(d["seed"], {n: SyntheticTensor.from_json(t) for n, t in d["tensors"].items()})
+
+
+@dataclass(frozen=True)
+class WeightsInfo:
+    file: str
+    bytes: int = 0                          # size of the weights file, set when it is written
+    synthetic: SyntheticSpec | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "bytes": self.bytes,
+                "synthetic": None if self.synthetic is None else self.synthetic.to_json()}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "WeightsInfo":
+        spec = d["synthetic"]
+        return cls(d["file"], d["bytes"], None if spec is None else SyntheticSpec.from_json(spec))
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    """One architecture's part of the artifact: its plan, its kernels and the passes run for it alone."""
+
+    plan: str                     # relative path of plan.json
+    kernels_file: str             # relative path of the cubin / fatbin
+    ptx: bool                     # the kernels file also carries PTX (newer GPUs JIT-compile it)
+    kernels: tuple[str, ...]      # kernel symbols in it
+    passes: tuple[str, ...]       # the target's own passes, after the shared ones
+
+    def to_json(self) -> dict[str, Any]:
+        return {"plan": self.plan, "kernels_file": self.kernels_file, "ptx": self.ptx, "kernels": list(self.kernels),
+                "passes": list(self.passes)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "ArchInfo":
+        return cls(d["plan"], d["kernels_file"], d["ptx"], tuple(d["kernels"]), tuple(d["passes"]))
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    sha256: str
+    bytes: int
 
 
 @dataclass(frozen=True)
 class Manifest:
     grokc_version: str
-    source: dict[str, Any]          # {"format", "name", "sha256"}
-    model: dict[str, Any]           # the ModelConfig, as JSON
-    archs: list[str]
-    shapes: dict[str, Any]          # batch, buckets, max_seq, KV geometry
-    quant: dict[str, Any]           # the recipe
-    rope: dict[str, Any]            # config, table length, mscale, table hash
-    tokenizer: dict[str, Any]       # {"file", "chat_template", "bos_token_id", "eos_token_ids"}
-    passes: list[str]
-    weights: dict[str, Any]         # {"file", "bytes", "synthetic": None | spec}
-    kernels: dict[str, list[str]]   # arch -> kernel symbols in its cubin
-    files: dict[str, str] = field(default_factory=dict)  # relative path -> SHA-256
+    source: Source
+    model: ModelConfig
+    archs: Mapping[str, ArchInfo]       # arch name -> its plan and kernels
+    shapes: Shapes
+    quant: QuantInfo
+    rope: RopeTable
+    tokenizer: TokenizerInfo
+    passes: tuple[str, ...]             # the passes every arch shares, in order
+    weights: WeightsInfo
+    files: Mapping[str, FileInfo] = field(default_factory=dict)  # relative path -> hash and size
     format_version: int = FORMAT_VERSION
 
+    def with_files(self, files: Mapping[str, FileInfo]) -> "Manifest":
+        return replace(self, files=dict(sorted(files.items())),
+                       weights=replace(self.weights, bytes=files[self.weights.file].bytes))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": self.format_version, "grokc_version": self.grokc_version,
+            "source": {"format": self.source.format, "sha256": self.source.sha256},
+            "model": self.model.to_json(), "archs": {a: info.to_json() for a, info in sorted(self.archs.items())},
+            "shapes": self.shapes.to_json(), "quant": self.quant.to_json(), "rope": self.rope.to_json(),
+            "tokenizer": self.tokenizer.to_json(), "passes": list(self.passes), "weights": self.weights.to_json(),
+            "files": {rel: {"sha256": f.sha256, "bytes": f.bytes} for rel, f in sorted(self.files.items())},
+        }
+
     def to_bytes(self) -> bytes:
-        body = dataclasses.asdict(self)
+        body = self.to_json()
         body["manifest_sha256"] = _digest(body)
         return (json.dumps(body, sort_keys=True, indent=1) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Manifest":
+        return cls(
+            grokc_version=d["grokc_version"], source=Source(**d["source"]), model=ModelConfig.from_json(d["model"]),
+            archs={a: ArchInfo.from_json(info) for a, info in d["archs"].items()},
+            shapes=Shapes.from_json(d["shapes"]), quant=QuantInfo.from_json(d["quant"]),
+            rope=RopeTable.from_json(d["rope"]), tokenizer=TokenizerInfo.from_json(d["tokenizer"]),
+            passes=tuple(d["passes"]), weights=WeightsInfo.from_json(d["weights"]),
+            files={rel: FileInfo(**f) for rel, f in d["files"].items()}, format_version=d["format_version"],
+        )
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "Manifest":
@@ -67,9 +175,10 @@ class Manifest:
         if claimed != _digest(body):
             raise ArtifactError(f"{MANIFEST} was modified after the build (its checksum does not match); rebuild the artifact")
         try:
-            return cls(**body)
-        except TypeError as e:
-            raise ArtifactError(f"{MANIFEST} has unexpected fields ({e}); rebuild the artifact") from None
+            return cls.from_json(body)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ArtifactError(f"{MANIFEST} does not describe a grokc artifact ({type(e).__name__}: {e}); "
+                                "rebuild the artifact") from None
 
 
 def _digest(body: dict) -> str:

@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
@@ -19,26 +19,30 @@ import numpy as np
 
 from grokc.abi.synthetic import SyntheticTensor
 from grokc.artifacts import safetensors_io
-from grokc.artifacts.manifest import MANIFEST, TOKENIZER, WEIGHTS, Manifest, cubin_file, plan_file
+from grokc.artifacts.manifest import MANIFEST, TOKENIZER, FileInfo, Manifest
 from grokc.artifacts.plan import Plan
 from grokc.core.errors import ArtifactError
 
 
-def write(out: Path, manifest: Manifest, plans: Mapping[str, Plan], cubins: Mapping[str, bytes],
+def write(out: Path, manifest: Manifest, plans: Mapping[str, Plan], kernels: Mapping[str, bytes],
           weights: Mapping[str, np.ndarray], tokenizer_json: str) -> Manifest:
-    """Write the artifact into ``out`` (replacing it atomically) and return the final manifest."""
+    """Write the artifact into ``out`` (replacing it atomically) and return the final manifest.
+
+    ``plans`` and ``kernels`` (the cubin or fatbin bytes) are keyed by arch; where each goes is
+    ``manifest.archs[arch]``'s to say."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        safetensors_io.save(staging / WEIGHTS, weights)
+        safetensors_io.save(staging / manifest.weights.file, weights)
         (staging / TOKENIZER).write_text(tokenizer_json, encoding="utf-8")
         for arch, plan in plans.items():
-            (staging / arch).mkdir()
-            (staging / plan_file(arch)).write_text(json.dumps(plan.to_json(), sort_keys=True, indent=1) + "\n")
-            (staging / cubin_file(arch)).write_bytes(cubins[arch])
-        files = {rel: _sha256(staging / rel) for rel in _files(staging)}
-        manifest = replace(manifest, files=files, weights={**manifest.weights, "bytes": (staging / WEIGHTS).stat().st_size})
+            info = manifest.archs[arch]
+            (staging / info.plan).parent.mkdir(parents=True, exist_ok=True)
+            (staging / info.plan).write_text(json.dumps(plan.to_json(), sort_keys=True, indent=1) + "\n")
+            (staging / info.kernels_file).write_bytes(kernels[arch])
+        manifest = manifest.with_files({rel: FileInfo(_sha256(staging / rel), (staging / rel).stat().st_size)
+                                        for rel in _files(staging)})
         (staging / MANIFEST).write_bytes(manifest.to_bytes())
         os.chmod(staging, 0o755)
         if out.exists():
@@ -56,19 +60,20 @@ class Artifact:
     manifest: Manifest
 
     def plan(self, arch: str) -> Plan:
-        return Plan.from_json(json.loads((self.path / plan_file(arch)).read_text()))
+        return Plan.from_json(json.loads((self.path / self.manifest.archs[arch].plan).read_text()))
 
-    def cubin(self, arch: str) -> bytes:
-        return (self.path / cubin_file(arch)).read_bytes()
+    def kernels(self, arch: str) -> bytes:
+        """The arch's cubin or fatbin (``cuModuleLoadData`` takes either)."""
+        return (self.path / self.manifest.archs[arch].kernels_file).read_bytes()
 
     def weights(self) -> dict[str, np.ndarray]:
         """The stored weights (memory-mapped, read-only); synthetic ones are in ``synthetic()``."""
-        return safetensors_io.load(self.path / WEIGHTS)
+        return safetensors_io.load(self.path / self.manifest.weights.file)
 
     def synthetic(self) -> dict[str, SyntheticTensor]:
-        """Weights the runner fills on the device (``artifacts/synthetic.py``); empty for real models."""
-        spec = self.manifest.weights.get("synthetic") or {}
-        return {name: SyntheticTensor.from_json(t) for name, t in spec.get("tensors", {}).items()}
+        """Weights the runner fills on the device (``abi/synthetic.py``); empty for real models."""
+        spec = self.manifest.weights.synthetic
+        return {} if spec is None else dict(spec.tensors)
 
     def tokenizer_json(self) -> str:
         return (self.path / TOKENIZER).read_text(encoding="utf-8")
@@ -91,7 +96,7 @@ def verify_files(path: Path, manifest: Manifest) -> None:
         f = path / rel
         if not f.is_file():
             raise ArtifactError(f"artifact file '{rel}' is missing; rebuild the artifact")
-        if _sha256(f) != want:
+        if _sha256(f) != want.sha256:
             raise ArtifactError(f"artifact file '{rel}' is corrupt or was modified (SHA-256 mismatch); rebuild the artifact")
     extra = sorted(set(_files(path)) - set(manifest.files) - {MANIFEST})
     if extra:

@@ -62,7 +62,7 @@ from grokc.abi.ops import KERNEL_ABI  # noqa: E402
 from grokc.abi.ops import KV_BLOCK_SIZE as S
 from grokc.runner import cuda_driver as cd  # noqa: E402
 from grokc.runner.cpu import OPS  # noqa: E402
-from grokc.targets import build_cubin, get_target, rules_misc, select  # noqa: E402
+from grokc.targets import build_kernels, get_target, rules_misc, select  # noqa: E402
 from grokc.targets.base import KernelCall  # noqa: E402
 
 F16, F32, I32 = np.float16, np.float32, np.int32
@@ -86,7 +86,7 @@ class Device:
     def load(self, symbols: list[str]) -> dict:
         """Build and load the kernels; returns per-kernel SASS counts (tensor-core ops, local memory)."""
         t0 = time.time()
-        cubin = build_cubin(symbols, self.target)
+        cubin = build_kernels(symbols, self.target)
         self.module = cd.Module(cubin)
         print(f"built {len(symbols)} kernels for {self.target.name} in {time.time() - t0:.1f} s", flush=True)
         return sass_counts(cubin)

@@ -12,7 +12,7 @@ source in ``bench/tvm_linear_kernels.json``, made by ``bench/tvm_linear_gen.py``
 What it does:
 
 1. Measures the device-to-device copy bandwidth (bytes read + written), the roofline used below.
-2. Builds every kernel variant it times (grokc's with ``build_cubin``, in parallel chunks; TVM's
+2. Builds every kernel variant it times (grokc's with ``build_kernels``, in parallel chunks; TVM's
    sources with nvcc).
 3. gemv2 (M <= 8), Llama-3.2-1B and SmolLM2-135M shapes at M = 1, 2, 4, 8: the rule's kernel (also
    with programmatic edges between launches), the gemv family's, at M = 1 and 8 the variants
@@ -67,7 +67,7 @@ from grokc.abi import int4  # noqa: E402
 from grokc.abi.ops import KERNEL_ABI, ArgKind, Param  # noqa: E402
 from grokc.runner import cuda_driver as cd  # noqa: E402
 from grokc.runner.cpu import OPS  # noqa: E402
-from grokc.targets import KernelCall, build_cubin, get_target, select  # noqa: E402
+from grokc.targets import KernelCall, build_kernels, get_target, select  # noqa: E402
 from grokc.targets.nvcc import find_nvcc  # noqa: E402
 from grokc.targets.rules_linear import Gemm, Gemv, Gemv2, rule_gemv  # noqa: E402
 
@@ -433,7 +433,7 @@ def build_all(symbols: list[str], jobs: int) -> dict[str, bytes]:
     n = max(1, min(jobs, len(symbols)))
     chunks = [symbols[i::n] for i in range(n)]
     with ThreadPoolExecutor(n) as pool:
-        built = list(pool.map(lambda c: build_cubin(c, TARGET), chunks))
+        built = list(pool.map(lambda c: build_kernels(c, TARGET), chunks))
     return {s: cubin for chunk, cubin in zip(chunks, built) for s in chunk}
 
 

@@ -49,7 +49,7 @@ def main() -> None:
     achoice = lk.select(lk.KernelCall("attention_decode", dims=scal), lk.TARGET)
     mlp_call = lk.KernelCall("mlp_decode", {"weight_format": "q4"}, {"hidden": H, "inter": INTER, "eps": 1e-5})
     mchoice = lk.select(mlp_call, lk.TARGET)
-    mod = cd.Module(lk.build_cubin(sorted({c.kernel for c in sel.values()} | {achoice.kernel, mchoice.kernel}),
+    mod = cd.Module(lk.build_kernels(sorted({c.kernel for c in sel.values()} | {achoice.kernel, mchoice.kernel}),
                                    lk.TARGET))
     result: dict = {"device": ctx.name, "sms": ctx.attribute("MULTIPROCESSOR_COUNT"),
                     "kernels": {n: c.kernel for n, c in sel.items()} | {"attention": achoice.kernel,

@@ -29,7 +29,7 @@ from grokc.runner import cuda_driver as cd
 from grokc.targets import rules_attention, rules_linear
 from grokc.targets.archs import get_target
 from grokc.targets.base import KernelCall, Target
-from grokc.targets.nvcc import build_cubin
+from grokc.targets.nvcc import build_kernels
 from grokc.targets.select import RULES
 
 
@@ -83,7 +83,7 @@ def main() -> None:
     target = get_target(plan.arch)
     with ThreadPoolExecutor(8) as pool:
         try:
-            cubins = dict(zip(kernels, pool.map(lambda syms: build_cubin(syms, target), kernels.values())))
+            cubins = dict(zip(kernels, pool.map(lambda syms: build_kernels(syms, target), kernels.values())))
         except TargetError as exc:  # e.g. a rewrite that names no kernel of ours
             raise SystemExit(f"plan_variants: {exc}") from None
     graphs = {}

@@ -72,7 +72,7 @@ def artifact_state(path: Path, cfg) -> dict[str, torch.Tensor]:
     it without."""
     art = open_artifact(path)
     w = art.weights()
-    gs = art.manifest.quant["group_size"]
+    gs = art.manifest.quant.recipe["group_size"]
     used = set(_NOT_WEIGHTS)
 
     def take(name: str) -> np.ndarray:
@@ -157,7 +157,7 @@ def main() -> None:
 
     sha = hashlib.sha256(args.model.read_bytes()).hexdigest()
     for path in args.artifacts:
-        if open_artifact(path).manifest.source["sha256"] != sha:
+        if open_artifact(path).manifest.source.sha256 != sha:
             raise SystemExit(f"{path} was not built from {args.model}")
     kw = dict(gguf_file=args.model.name)
     ref = AutoModelForCausalLM.from_pretrained(str(args.model.parent), dtype=torch.float32, **kw).eval()

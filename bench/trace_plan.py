@@ -32,7 +32,7 @@ from profile_plan import busy_runner, use_kernels
 
 from grokc.runner import cuda_driver as cd
 from grokc.targets.archs import get_target
-from grokc.targets.nvcc import build_cubin
+from grokc.targets.nvcc import build_kernels
 
 MARKS = 3  # trace.cuh's kMarks
 RECORD = np.dtype([("start", "<u8"), ("wait", "<u8"), ("end", "<u8"), ("marks", "<u8", (MARKS,)), ("kernel", "<u4"),
@@ -87,7 +87,7 @@ def main() -> None:
     ex, plan = r.executor, r.plan
     g = plan.graphs[a.graph]
     symbols = sorted({launch.kernel for graph in plan.graphs.values() for launch in graph.launches})
-    use_kernels(ex, build_cubin(symbols, get_target(plan.arch), trace=True))
+    use_kernels(ex, build_kernels(symbols, get_target(plan.arch), trace=True))
     module = ex.module
     graph = cd.Graph([ex._resolve(g, launch) for launch in g.launches])
     for _ in range(3):

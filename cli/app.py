@@ -115,8 +115,8 @@ def build(
     if as_json:
         typer.echo(manifest.to_bytes().decode())
     else:
-        typer.echo(f"wrote {out} ({', '.join(manifest.archs)}, {manifest.quant['name']}, "
-                   f"{manifest.weights['bytes'] / 1e6:.1f} MB of weights)")
+        typer.echo(f"wrote {out} ({', '.join(manifest.archs)}, {manifest.quant.name}, "
+                   f"{manifest.weights.bytes / 1e6:.1f} MB of weights)")
 
 
 @app.command()

@@ -60,8 +60,8 @@ def bench_artifact(path: Path, steps: int = 100, context: int = 128, baselines: 
     runner = Runner(path, device="cuda")
     load_s = time.perf_counter() - t0
     manifest, plan, ex, engine = runner.artifact.manifest, runner.plan, runner.executor, runner.engine
-    cfg = ModelConfig.from_json(manifest.model)
-    batch, buckets = manifest.shapes["batch"], manifest.shapes["buckets"]
+    cfg = manifest.model
+    batch, buckets = manifest.shapes.batch, manifest.shapes.buckets
     sizes = {n: a.nbytes for n, a in {**runner.artifact.weights(), **runner.artifact.synthetic()}.items()}
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(100, cfg.vocab_size - 100, context)]
@@ -91,9 +91,9 @@ def bench_artifact(path: Path, steps: int = 100, context: int = 128, baselines: 
                      "slots_active_at_end": still_active}
     result = {
         "artifact": str(path), "device": runner.executor.ctx.name, "arch": runner.backend.arch,
-        "model": {k: manifest.model[k] for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
+        "model": {k: getattr(cfg, k) for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads",
                                                   "intermediate_size", "vocab_size")},
-        "quant": manifest.quant["name"], "synthetic_weights": runner.synthetic,
+        "quant": manifest.quant.name, "synthetic_weights": runner.synthetic,
         "context": context, "steps": steps,
         "grokc": {"load_s": load_s, "ttft_ms": ttft_ms, "prefill_ms": prefill, "decode": decode},
     }
@@ -109,7 +109,7 @@ def bench_artifact(path: Path, steps: int = 100, context: int = 128, baselines: 
         result["torch"] = {}
         for b in decode:
             progress(f"torch baselines at batch {b}")
-            base = decode_baselines(cfg, b, manifest.shapes["max_seq"], context + steps // 2, steps)
+            base = decode_baselines(cfg, b, manifest.shapes.max_seq, context + steps // 2, steps)
             result["torch"][b] = base
             decode[b]["speedup"] = {k: v / decode[b]["ms_per_step"] for k, v in base.items()}
     return result

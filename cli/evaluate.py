@@ -23,7 +23,7 @@ def evaluate_artifact(artifact: Path, model: Path, tokens: int = 1024, context: 
 
     runner = Runner(artifact, device="cpu")
     loaded = load_model(model, progress=progress)
-    check_source(runner.artifact.manifest.source, loaded.source_sha256, model)
+    check_source(runner.artifact.manifest.source.sha256, loaded.source_sha256, model)
     wins = windows(runner.encode(pydoc_text("eval")), tokens, context)
     # The plan (numpy) runs before the reference (torch): once torch's thread pool has run, its idle
     # threads slow numpy's BLAS several-fold on a machine with few cores.
@@ -32,4 +32,4 @@ def evaluate_artifact(artifact: Path, model: Path, tokens: int = 1024, context: 
     progress("reference: the unquantized torch model")
     ref_model = reference_model(loaded.config, loaded.weights)
     ref = [reference_logits(ref_model, w) for w in wins]
-    return {"quant": runner.artifact.manifest.quant, "tokens": tokens, "context": context, **metrics(ref, art, wins)}
+    return {"quant": runner.artifact.manifest.quant.to_json(), "tokens": tokens, "context": context, **metrics(ref, art, wins)}

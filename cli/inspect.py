@@ -11,6 +11,7 @@ from grokc.artifacts.store import open_artifact
 def describe(path: Path) -> dict:
     art = open_artifact(path, verify=False)
     m = art.manifest
+    body = m.to_json()
     graphs = {}
     for arch in m.archs:
         plan = art.plan(arch)
@@ -22,13 +23,10 @@ def describe(path: Path) -> dict:
                 for name, g in plan.graphs.items()
             },
         }
-    files = {rel: {"sha256": digest, "bytes": (Path(path) / rel).stat().st_size} for rel, digest in m.files.items()}
-    return {
-        "format_version": m.format_version, "grokc_version": m.grokc_version, "source": m.source,
-        "model": m.model, "archs": m.archs, "shapes": m.shapes, "quant": m.quant, "rope": m.rope,
-        "passes": m.passes, "weights": m.weights, "tokenizer": {k: v for k, v in m.tokenizer.items() if k != "chat_template"},
-        "files": files, "plans": graphs,
-    }
+    body["archs"] = sorted(m.archs)
+    body["arch_info"] = {a: {k: v for k, v in info.to_json().items() if k != "kernels"} for a, info in m.archs.items()}
+    body["tokenizer"] = {k: v for k, v in body["tokenizer"].items() if k != "chat_template"}
+    return {**body, "plans": graphs}
 
 
 def render(info: dict) -> str:
@@ -50,6 +48,8 @@ def render(info: dict) -> str:
         f"rope     {info['rope']['config']['type']} theta {info['rope']['config']['theta']}, table "
         f"{info['rope']['table_length']} positions, sha256 {info['rope']['table_sha256'][:16]}…",
         f"passes   {' -> '.join(info['passes'])}",
+        *(f"  {arch:<7}{' -> '.join(a['passes'])}" + ("  (+ PTX)" if a["ptx"] else "")
+          for arch, a in sorted(info["arch_info"].items())),
         f"weights  {info['weights']['bytes'] / 1e6:.1f} MB" + ("  (SYNTHETIC)" if info["weights"].get("synthetic") else ""),
         "files",
     ]

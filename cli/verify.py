@@ -33,13 +33,13 @@ def verify_artifact(path: Path, model: Path | None, progress: Callable[[str], No
     from grokc.runner import Runner
 
     loaded = load_model(model, progress=progress)
-    check_source(art.manifest.source, loaded.source_sha256, model)
+    check_source(art.manifest.source.sha256, loaded.source_sha256, model)
     yield f"ok: built from {Path(model).name} (sha256 {loaded.source_sha256[:12]}…)"
     runner = Runner(path, device="cpu", verify=False)
     wins = windows(runner.encode(pydoc_text()), CHECK_TOKENS, CHECK_TOKENS)
     ref = [reference_logits(reference_model(loaded.config, loaded.weights), w) for w in wins]
     m = metrics(ref, runner.engine.score(wins), wins)
-    floor = MIN_TOP1[art.manifest.quant["weight_format"]]
+    floor = MIN_TOP1[art.manifest.quant.weight_format]
     summary = (f"top-1 agreement {m['top1_agreement']:.3f} (floor {floor}), perplexity {m['ppl_artifact']:.2f} vs "
                f"{m['ppl_reference']:.2f} unquantized, KL {m['kl_mean']:.4f} over {m['positions']} positions")
     if m["top1_agreement"] < floor:

@@ -11,26 +11,37 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import Callable
 
+from grokc.abi.synthetic import SyntheticTensor
 from grokc.artifacts import store
-from grokc.artifacts.manifest import Manifest
+from grokc.artifacts.manifest import (
+    TOKENIZER,
+    WEIGHTS,
+    ArchInfo,
+    Manifest,
+    Source,
+    SyntheticSpec,
+    TokenizerInfo,
+    WeightsInfo,
+    kernels_file,
+    plan_file,
+)
 from grokc.artifacts.plan import Plan
 from grokc.compiler import __version__, quality, synthetic_weights
 from grokc.compiler.calibrate import CalibrationOptions, calibrate
 from grokc.compiler.frontends import LoadedModel, load_model
 from grokc.compiler.frontends.synthetic import load_config
 from grokc.compiler.lower import lower
-from grokc.compiler.pipeline import CompileOptions, compile_module
+from grokc.compiler.pipeline import CompileOptions, run_passes, shared_passes, target_passes
 from grokc.compiler.trace import trace_module
 from grokc.core import tensors as names
 from grokc.core.errors import BuildOptionError, QualityError
 from grokc.core.ir import Module, WeightFormat
 from grokc.passes.static_shapes import StaticShapes
 from grokc.quant.recipe import QUANT
-from grokc.targets import Target, build_cubin, get_target, rules_mlp
+from grokc.targets import Target, build_kernels, get_target
 
 Progress = Callable[[str], None]
 
@@ -77,14 +88,11 @@ class BuildOptions:
                      "lm_head": _WEIGHT_FORMATS.get(self.lm_head), "fp16_residual": self.fp16_residual,
                      "embeddings": _WEIGHT_FORMATS.get(self.embeddings)}
         recipe = replace(QUANT[self.quant], **{k: v for k, v in overrides.items() if v is not None})
-        targets = [get_target(a) for a in dict.fromkeys(self.archs)]
-        return CompileOptions(StaticShapes(self.batch, tuple(self.buckets), self.max_seq, self.kv_blocks), recipe,
-                              mlp_decode_fits=partial(_all_fit_mlp_decode, tuple(targets)))
+        return CompileOptions(StaticShapes(self.batch, tuple(self.buckets), self.max_seq, self.kv_blocks), recipe)
 
-
-def _all_fit_mlp_decode(targets: tuple[Target, ...], hidden: int, inter: int) -> bool:
-    """Whether every target of the build has the split-K batch-1 MLP kernel for these sizes."""
-    return all(rules_mlp.fits(t.sm, t.smem_per_block, hidden, inter) for t in targets)
+    @property
+    def targets(self) -> list[Target]:
+        return [get_target(a) for a in dict.fromkeys(self.archs)]
 
 
 # --lm-head and --embeddings: the formats either may take
@@ -93,8 +101,7 @@ _WEIGHT_FORMATS = {"fp16": WeightFormat.F16, "int8": WeightFormat.Q8, "int4": We
 
 def build(model_path: str | Path, out: str | Path, opts: BuildOptions, progress: Progress = lambda s: None) -> Manifest:
     """Build the artifact for ``model_path`` into ``out`` and return its manifest."""
-    for a in opts.archs:
-        get_target(a)   # refuse a bad --arch before any work
+    opts.targets   # refuse a bad --arch before any work
     opts.compile_options()
     progress(f"loading {Path(model_path).name}")
     if opts.synthetic_seed is not None:
@@ -106,10 +113,10 @@ def build(model_path: str | Path, out: str | Path, opts: BuildOptions, progress:
 
 def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progress: Progress = lambda s: None) -> Manifest:
     """Build the artifact of an already loaded model into ``out``."""
-    targets = [get_target(a) for a in dict.fromkeys(opts.archs)]
+    targets = opts.targets
     t0 = time.perf_counter()
     copts = opts.compile_options()
-    compiled: dict[str, tuple[list[str], bytes]] = {}  # arch -> (kernels, cubin) compiled ahead
+    compiled: dict[str, tuple[list[str], bytes]] = {}  # arch -> (kernels, binary) compiled ahead
     if loaded.synthetic_seed is not None:
         if opts.quality_tokens:
             raise BuildOptionError("--synthetic-weights builds have no source weights to measure quality against; "
@@ -120,10 +127,10 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
         copts = replace(copts, quant=copts.quant.uncalibrated())  # random codes are filled at load: layout only
     elif copts.quant.calibrated:
         # The kernels depend on shapes and formats, not on calibrated values: compile them first, so a
-        # toolchain problem shows before minutes of calibration (the final plans reuse the cubins).
+        # toolchain problem shows before minutes of calibration (the final plans reuse the binaries).
         progress("compiling kernels before calibration")
         layout = compile_loaded(loaded, replace(copts, quant=copts.quant.uncalibrated()))
-        compiled = {t.name: _compile(lower(layout, t), t, progress) for t in targets}
+        compiled = {t.name: _compile(lower_for(layout, t), t, progress) for t in targets}
         t1 = time.perf_counter()
         copts = replace(copts, calibration=calibrate(loaded, copts.quant, opts.calibration, progress))
         progress(f"calibrated in {time.perf_counter() - t1:.1f} s")
@@ -131,26 +138,34 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
     if opts.quality_tokens:
         module = _quality_gate(loaded, module, opts, progress)
     synthetic = {} if loaded.synthetic_seed is None else synthetic_weights.specs(module.params, loaded.synthetic_seed)
-    plans, cubins = {}, {}
+    plans, binaries, archs = {}, {}, {}
     for target in targets:
-        progress(f"lowering for {target.name}")
-        plans[target.name] = lower(module, target)
+        progress(f"passes and lowering for {target.name}")
+        module_t = run_passes(module, target_passes(target), opts.check_ir)
+        plan = lower(module_t, target)
         if synthetic:  # the fills run first: lowering's own init launches (pack_mlp_tiles) read the weights
             init = synthetic_weights.init_graph(synthetic, target)
-            lowered = plans[target.name].graphs.get("init")
+            lowered = plan.graphs.get("init")
             if lowered is not None:
                 init = replace(init, launches=init.launches + lowered.launches)
-            plans[target.name] = replace(plans[target.name], graphs={**plans[target.name].graphs, "init": init})
-        kernels, cubin = compiled.get(target.name, (None, b""))
-        if kernels != _kernels(plans[target.name]):
-            kernels, cubin = _compile(plans[target.name], target, progress)
-        cubins[target.name] = cubin
-    manifest = _manifest(loaded, module, plans, synthetic)
+            plan = replace(plan, graphs={**plan.graphs, "init": init})
+        kernels, binary = compiled.get(target.name, (None, b""))
+        if kernels != _kernels(plan):
+            kernels, binary = _compile(plan, target, progress)
+        plans[target.name], binaries[target.name] = plan, binary
+        archs[target.name] = ArchInfo(plan_file(target.name), kernels_file(target.name, target.ptx), target.ptx,
+                                      tuple(kernels), module_t.meta.passes[len(module.meta.passes):])
+    manifest = _manifest(loaded, module, archs, synthetic)
     progress(f"writing {out}")
     stored = {name: a for name, a in module.params.items() if name not in synthetic}
-    manifest = store.write(Path(out), manifest, plans, cubins, stored, loaded.tokenizer_json)
+    manifest = store.write(Path(out), manifest, plans, binaries, stored, loaded.tokenizer_json)
     progress(f"done in {time.perf_counter() - t0:.1f} s")
     return manifest
+
+
+def lower_for(module: Module, target: Target) -> Plan:
+    """The plan of a shared module for one target: its own passes, then lowering."""
+    return lower(run_passes(module, target_passes(target)), target)
 
 
 def _kernels(plan: Plan) -> list[str]:
@@ -158,15 +173,15 @@ def _kernels(plan: Plan) -> list[str]:
 
 
 def _compile(plan: Plan, target: Target, progress: Progress) -> tuple[list[str], bytes]:
-    """The plan's kernel symbols and the cubin nvcc makes of them for ``target``."""
+    """The plan's kernel symbols and the cubin (fatbin, with PTX) nvcc makes of them for ``target``."""
     kernels = _kernels(plan)
     progress(f"nvcc: {len(kernels)} kernels for {target.name}")
-    return kernels, build_cubin(kernels, target)
+    return kernels, build_kernels(kernels, target)
 
 
 def compile_loaded(loaded: LoadedModel, copts: CompileOptions, check_ir: bool = False,
                    progress: Progress = lambda s: None) -> Module:
-    """Trace a loaded model and run the pass pipeline on it (no I/O)."""
+    """Trace a loaded model and run the shared passes on it (no I/O)."""
     weights = {}
     for hf_name, array in loaded.weights.items():
         canonical = names.from_hf(hf_name)
@@ -174,11 +189,11 @@ def compile_loaded(loaded: LoadedModel, copts: CompileOptions, check_ir: bool = 
             weights[canonical] = array
     progress("tracing with torch.export")
     module = trace_module(loaded.config, weights)
-    return compile_module(module, copts, check=check_ir, progress=progress)
+    return run_passes(module, shared_passes(copts), check=check_ir, progress=progress)
 
 
 def _quality_gate(loaded: LoadedModel, module: Module, opts: BuildOptions, progress: Progress) -> Module:
-    """Record the quality report in ``meta["quant"]["quality"]``; fail past ``--max-ppl-increase``."""
+    """Record the quality report in ``meta.quant.quality``; fail past ``--max-ppl-increase``."""
     report = quality.build_report(loaded, module, opts.quality_tokens, opts.quality_context, progress)
     progress(f"quality: perplexity {report['ppl_artifact']} vs {report['ppl_reference']} unquantized "
              f"({report['ppl_increase']:+.1%}), top-1 agreement {report['top1_agreement']:.3f}, KL {report['kl_mean']}")
@@ -187,24 +202,21 @@ def _quality_gate(loaded: LoadedModel, module: Module, opts: BuildOptions, progr
             f"perplexity rose {report['ppl_increase']:.1%} ({report['ppl_reference']} -> {report['ppl_artifact']} on "
             f"{report['tokens']} held-out tokens), more than --max-ppl-increase {opts.max_ppl_increase:.1%} allows; "
             "choose a grouped recipe (--quant int4-g64) or raise the limit")
-    return module.with_(meta={**module.meta, "quant": {**module.meta["quant"], "quality": report}})
+    return module.with_(meta=replace(module.meta, quant=replace(module.meta.quant, quality=report)))
 
 
-def _manifest(loaded: LoadedModel, module: Module, plans: dict, synthetic: dict) -> Manifest:
-    cfg = loaded.config
+def _manifest(loaded: LoadedModel, module: Module, archs: dict[str, ArchInfo],
+              synthetic: dict[str, SyntheticTensor]) -> Manifest:
+    cfg, meta = loaded.config, module.meta
     return Manifest(
         grokc_version=__version__,
-        source={"format": loaded.source_format, "sha256": loaded.source_sha256},
-        model=cfg.to_json(),
-        archs=sorted(plans),
-        shapes=dict(module.meta["shapes"]),
-        quant=dict(module.meta["quant"]),
-        rope=dict(module.meta["rope"]),
-        tokenizer={"file": "tokenizer.json", "chat_template": loaded.chat_template,
-                   "bos_token_id": cfg.bos_token_id, "eos_token_ids": list(cfg.eos_token_ids)},
-        passes=list(module.meta["passes"]),
-        weights={"file": "weights.safetensors", "synthetic": {
-            "seed": loaded.synthetic_seed, "tensors": {n: t.to_json() for n, t in sorted(synthetic.items())},
-        } if synthetic else None},
-        kernels={arch: _kernels(p) for arch, p in plans.items()},
+        source=Source(loaded.source_format, loaded.source_sha256),
+        model=cfg,
+        archs=archs,
+        shapes=meta.shapes,
+        quant=meta.quant,
+        rope=meta.rope,
+        tokenizer=TokenizerInfo(TOKENIZER, loaded.chat_template, cfg.bos_token_id, cfg.eos_token_ids),
+        passes=meta.passes,
+        weights=WeightsInfo(WEIGHTS, synthetic=SyntheticSpec(loaded.synthetic_seed, synthetic) if synthetic else None),
     )

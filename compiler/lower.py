@@ -15,12 +15,13 @@ from grokc.abi.ops import KERNEL_ABI, ArgKind
 from grokc.artifacts.plan import Arg, Buffer, BufferKind, GraphPlan, Launch, Plan
 from grokc.core.errors import UnsupportedOp
 from grokc.core.ir import AttnMode, DType, Graph, Module, Node, OpKind, TensorType, WeightFormat
-from grokc.passes.memory_plan import MemoryPlan
+from grokc.core.meta import MemoryPlan
 from grokc.targets import KernelCall, Target, select
 
 
 def lower(module: Module, target: Target) -> Plan:
-    mem: MemoryPlan = module.meta["memory"]
+    mem = module.meta.memory
+    assert mem is not None, "lowering needs memory_plan to have run"
     buffers: dict[str, Buffer] = {}
     for p in mem.state.values():
         kind = BufferKind.IO if p.buffer.startswith("io.") else BufferKind.STATE
@@ -136,14 +137,14 @@ def _sparse_residual(m: Module, g: Graph, n: Node):
 
 def _attention(m: Module, g: Graph, n: Node):
     a = n.attrs
-    shapes, rope = m.meta["shapes"], m.meta["rope"]
+    shapes, rope = m.meta.shapes, m.meta.rope
     prefill = a.mode is AttnMode.PREFILL
     refs = {"out": n.outputs[0], **{r: n.inputs[r] for r in ("qkv", "rope_table", "inv_freq", "k_cache", "v_cache",
                                                               "block_table")}}
     refs.update({r: n.inputs[r] for r in (("slot", "n_real") if prefill else ("positions", "active"))})
     dims = {"L" if prefill else "B": g.tensors[n.inputs["qkv"]].shape[0], "n_heads": a.n_heads,
-            "n_kv_heads": a.n_kv_heads, "head_dim": a.head_dim, "table_len": rope["table_length"],
-            "max_blocks": shapes["max_blocks_per_seq"], "scale": a.scale, "mscale": rope["mscale"]}
+            "n_kv_heads": a.n_kv_heads, "head_dim": a.head_dim, "table_len": rope.table_length,
+            "max_blocks": shapes.max_blocks_per_seq, "scale": a.scale, "mscale": rope.mscale}
     return ("attention_prefill" if prefill else "attention_decode"), {}, refs, dims
 
 
@@ -156,7 +157,7 @@ def _sample(m: Module, g: Graph, n: Node):
     rows, vocab = g.tensors[n.inputs["logits"]].shape
     refs = dict(n.inputs)
     dims = {"M": rows, "V": vocab, "n_eos": m.params[n.inputs["eos_ids"]].shape[0],
-            "max_out": m.meta["shapes"]["max_seq"]}
+            "max_out": m.meta.shapes.max_seq}
     return "sample", {}, refs, dims
 
 

@@ -1,12 +1,15 @@
-"""The order of passes, in one list, and the function that runs them.
+"""The order of passes, in two lists, and the functions that run them.
 
-``compile_module`` is pure: a traced module and build options in, a static, quantized, planned
-module out. ``GROKC_VERIFY_IR=1`` (or ``--debug``) runs ``ir.verify`` after every pass.
+``shared_passes`` turn a traced module into the static, quantized module every architecture of a
+build starts from; ``target_passes`` then make the choices one architecture makes alone (which
+fused kernels it has) and plan its memory. So a multi-arch build's sm90 module is exactly an
+sm90-only build's. Both functions are pure. ``GROKC_VERIFY_IR=1`` (or ``--debug``) runs
+``ir.verify`` after every pass.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from grokc.core.ir import Module, verify
@@ -25,6 +28,10 @@ from grokc.passes.rope_table import RopeTableConfig
 from grokc.passes.static_shapes import StaticShapes
 from grokc.quant.calibration import Calibration
 from grokc.quant.recipe import QuantRecipe
+from grokc.targets import Target, rules_mlp
+
+Pass = tuple[str, Callable[[Module], Module]]   # (name recorded in the manifest, pure Module -> Module)
+Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -32,15 +39,11 @@ class CompileOptions:
     shapes: StaticShapes
     quant: QuantRecipe
     calibration: Calibration | None = None  # what a calibrated recipe needs (compiler/calibrate.py)
-    # (hidden, inter) -> whether every target has the split-K batch-1 MLP kernel; None: no target asked
-    mlp_decode_fits: Callable[[int, int], bool] | None = None
 
 
-def passes(opts: CompileOptions) -> list[tuple[str, Callable[[Module], Module]]]:
-    """The pipeline, in order; each entry is (name recorded in the manifest, pure Module -> Module)."""
+def shared_passes(opts: CompileOptions) -> list[Pass]:
+    """The passes every architecture shares, in order."""
     residual = [("sparse_residual", sparse_residual.run)] if opts.quant.fp16_residual else []
-    fits = opts.mlp_decode_fits
-    mlp = [("fuse_decode_mlp", lambda m: fuse_decode_mlp.run(m, fits))] if fits is not None else []
     return [
         ("fuse_attention", fuse_attention.run),
         ("fuse_mlp", fuse_mlp.run),
@@ -49,19 +52,25 @@ def passes(opts: CompileOptions) -> list[tuple[str, Callable[[Module], Module]]]
         ("quantize", lambda m: quantize.run(m, opts.quant, opts.calibration)),
         ("static_shapes", lambda m: static_shapes.run(m, opts.shapes)),
         *residual,                      # only when asked for: builds without it keep their bytes
-        *mlp,                           # only for targets that have the kernel
+    ]
+
+
+def target_passes(target: Target) -> list[Pass]:
+    """One architecture's passes, in order, after the shared ones."""
+    mlp = [("fuse_decode_mlp", lambda m: fuse_decode_mlp.run(m, lambda h, i: rules_mlp.fits(target, h, i)))]
+    return [
+        *(mlp if all(target.has(f) for f in rules_mlp.NEEDS) else []),   # only targets with the kernel
         ("memory_plan", memory_plan.run),
     ]
 
 
-def compile_module(module: Module, opts: CompileOptions, check: bool = False,
-                   progress: Callable[[str], None] | None = None) -> Module:
-    applied = []
-    for name, run in passes(opts):
+def run_passes(module: Module, passes: list[Pass], check: bool = False, progress: Progress | None = None) -> Module:
+    """``module`` through ``passes`` in order, each name appended to ``meta.passes``."""
+    for name, run in passes:
         if progress:
             progress(f"pass {name}")
         module = run(module)
-        applied.append(name)
+        module = module.with_(meta=replace(module.meta, passes=(*module.meta.passes, name)))
         if check:
             verify(module)
-    return module.with_(meta={**module.meta, "passes": applied})
+    return module

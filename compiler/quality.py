@@ -168,7 +168,8 @@ def build_report(loaded: LoadedModel, module: Module, tokens: int, context: int,
             "measured_with": "torch float32 on the stored weights", **report}
 
 
-def check_source(source: dict, sha256: str, model: Path) -> None:
-    if source["sha256"] != sha256:
-        raise ArtifactError(f"the artifact was built from a different model (sha256 {source['sha256'][:12]}…), "
+def check_source(built_from: str, sha256: str, model: Path) -> None:
+    """Refuse a source model whose hash is not ``built_from``, the hash the artifact records."""
+    if built_from != sha256:
+        raise ArtifactError(f"the artifact was built from a different model (sha256 {built_from[:12]}…), "
                             f"not {model} ({sha256[:12]}…); pass the model it was built from")

@@ -3,7 +3,7 @@
 A ``Module`` holds one or more ``Graph``s (``forward`` after tracing; ``prefill_<L>`` and
 ``decode`` after ``passes/static_shapes.py``), the parameters as read-only numpy arrays, the
 persistent state buffers (KV cache, per-step inputs) the graphs share, and a record of what the
-passes decided (``meta``: quantization recipe, RoPE table, shapes).
+passes decided (``meta``, ``core/meta.py``: shapes, RoPE table, quantization, memory plan).
 
 Graphs are SSA: every tensor is produced once, by a node or as a graph input. Node inputs are
 named by role (``{"x": "blk.0.attn_norm", "weight": "blk.0.attn_q.weight"}``) so an op's optional
@@ -24,6 +24,7 @@ from typing import Any, Mapping, Union
 import numpy as np
 
 from grokc.core.config import ModelConfig
+from grokc.core.meta import ModuleMeta
 
 
 class DType(enum.Enum):
@@ -208,10 +209,10 @@ class Module:
     graphs: Mapping[str, Graph]
     params: Mapping[str, np.ndarray]       # read-only arrays
     state: Mapping[str, TensorType] = field(default_factory=dict)  # persistent buffers
-    meta: Mapping[str, Any] = field(default_factory=dict)          # what the passes decided
+    meta: ModuleMeta = field(default_factory=ModuleMeta)          # what the passes decided
 
     def __post_init__(self) -> None:
-        for key in ("graphs", "params", "state", "meta"):
+        for key in ("graphs", "params", "state"):
             object.__setattr__(self, key, MappingProxyType(dict(getattr(self, key))))
 
     def with_(self, **changes: Any) -> "Module":

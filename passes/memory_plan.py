@@ -8,36 +8,18 @@ about the graph's peak live size rather than the sum of its tensors. Graphs neve
 time, so all of them share one scratch region, sized by the largest.
 
 Requires: static shapes (``passes/static_shapes.py``).
-Guarantees: ``meta["memory"]`` is a ``MemoryPlan``; every buffer is ``ARENA_ALIGN``-aligned;
+Guarantees: ``meta.memory`` is a ``MemoryPlan`` (``core/meta.py``); every buffer is ``ARENA_ALIGN``-aligned;
 a node's outputs never overlap its inputs or any tensor live at the same time. Pure and
 deterministic (placement depends only on node order and sizes).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
 from grokc.artifacts.plan import ARENA_ALIGN
-from grokc.core.ir import Graph, Module, TensorType
-
-
-@dataclass(frozen=True)
-class Placement:
-    buffer: str         # unique arena buffer name ("decode:blk.3.attn_qkv", or the state name)
-    offset: int
-    type: TensorType
-    scratch: bool
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    arena_bytes: int
-    state: dict[str, Placement]                    # state name -> placement
-    scratch: dict[str, dict[str, Placement]]       # graph -> tensor -> placement
-    scratch_naive_bytes: int                       # what the scratch would take without reuse
-
-    def placement(self, graph: str, tensor: str) -> Placement:
-        return self.scratch[graph][tensor] if tensor in self.scratch[graph] else self.state[tensor]
+from grokc.core.ir import Graph, Module
+from grokc.core.meta import MemoryPlan, Placement
 
 
 def _align(n: int) -> int:
@@ -57,7 +39,7 @@ def run(module: Module) -> Module:
         peak = max(peak, size)
         naive = max(naive, sum(_align(g.tensors[t].nbytes) for t in offsets))
     plan = MemoryPlan(arena_bytes=top + peak, state=state, scratch=scratch, scratch_naive_bytes=naive)
-    return module.with_(meta={**module.meta, "memory": plan})
+    return module.with_(meta=replace(module.meta, memory=plan))
 
 
 def _plan_graph(g: Graph) -> tuple[dict[str, int], int]:

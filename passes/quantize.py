@@ -33,7 +33,7 @@ EMBEDDING's inputs are ``table`` (``token_embd.q8weight`` or ``.qweight``), ``sc
 asymmetric int4, ``zeros``; a q4 or q8 LINEAR's inputs are
 ``qweight``, ``scales`` and optionally ``zeros`` instead of ``weight`` (the LM head's are named
 ``output.*``, or ``token_embd.*`` when shared as above; only the LM head is q8, with ``group_size`` 0), plus ``residual_rowptr``, ``residual_cols`` and ``residual_vals`` (weights
-``<base>.residual_*``) when the recipe keeps a residual; ``meta["quant"]`` records the recipe
+``<base>.residual_*``) when the recipe keeps a residual; ``meta.quant`` records the recipe
 and how it was calibrated. Deterministic: the
 same weights and statistics give the same bytes.
 Not handled: int8 activations; int8 transformer-block linears; GPTQ for int8; GPTQ or asymmetric int8
@@ -56,6 +56,7 @@ from grokc.core.ir import (
     WeightFormat,
     frozen_array,
 )
+from grokc.core.meta import QuantInfo
 from grokc.core.rowwise import as_f16
 from grokc.passes import sparse_residual
 from grokc.passes._graph import rebuild_graph, rebuild_module
@@ -87,10 +88,8 @@ def run(module: Module, recipe: QuantRecipe, calibration: Calibration | None = N
     for name, a in module.params.items():  # embeddings, norms, any other f32 weight: f16
         if name not in new_params and a.dtype == np.float32 and a.ndim >= 1 and not name.startswith("rope_"):
             new_params[name] = frozen_array(as_f16(a))
-    quant = recipe.to_json()
-    if recipe.calibrated:
-        quant["calibration"] = dict(calibration.info)
-    return rebuild_module(module, graphs, new_params, meta={**module.meta, "quant": quant})
+    quant = QuantInfo(recipe.to_json(), dict(calibration.info) if recipe.calibrated else None)
+    return rebuild_module(module, graphs, new_params, meta=replace(module.meta, quant=quant))
 
 
 def _quantize_embedding(n: Node, module: Module, recipe: QuantRecipe, out: dict) -> Node:

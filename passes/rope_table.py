@@ -7,17 +7,18 @@ from the same float64 values (``compiler/models/llama.py``): kernels compute pos
 (``mscale * cos(p * inv_freq)``), never reading out of bounds.
 
 Requires: fused attention nodes (``passes/fuse_attention.py``).
-Guarantees: ``meta["rope"]`` records the table length, ``mscale``, the RoPE config and the
+Guarantees: ``meta.rope`` records the table length, ``mscale``, the RoPE config and the
 table's SHA-256; graph structure is otherwise unchanged.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from grokc.core import rope as rope_math
 from grokc.core.ir import Module, Node, frozen_array
+from grokc.core.meta import RopeTable
 from grokc.passes._graph import rebuild_graph, rebuild_module
 
 TABLE = "rope_table"
@@ -39,8 +40,5 @@ def run(module: Module, cfg: RopeTableConfig) -> Module:
         ])
         for name, g in module.graphs.items()
     }
-    meta = {**module.meta, "rope": {
-        "config": c.rope.to_json(), "table_length": cfg.length, "mscale": mscale,
-        "table_sha256": hashlib.sha256(table.tobytes()).hexdigest(),
-    }}
-    return rebuild_module(module, graphs, {TABLE: table}, meta=meta)
+    record = RopeTable(c.rope, cfg.length, mscale, hashlib.sha256(table.tobytes()).hexdigest())
+    return rebuild_module(module, graphs, {TABLE: table}, meta=replace(module.meta, rope=record))

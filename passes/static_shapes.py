@@ -16,7 +16,7 @@ Per-step inputs (``artifacts.plan.IO``) and the KV cache (``kv.<i>.k``/``kv.<i>.
 
 Requires: fused attention (``fuse_attention``) and RoPE tables (``rope_table``); a ``forward``
 graph whose single output is the logits of a LINEAR.
-Guarantees: every tensor shape is static; ``forward`` is gone; ``meta["shapes"]`` records batch,
+Guarantees: every tensor shape is static; ``forward`` is gone; ``meta.shapes`` records batch,
 buckets, max_seq and the KV geometry; padded tokens never reach the cache (the attention op's
 contract).
 Not handled: chunked prefill of prompts longer than the largest bucket (the runner refuses them).
@@ -32,6 +32,7 @@ from grokc.abi.ops import KV_BLOCK_SIZE
 from grokc.artifacts.plan import IO
 from grokc.core.errors import BuildOptionError
 from grokc.core.ir import AttnMode, DType, Graph, Module, Node, OpKind, TensorType, frozen_array
+from grokc.core.meta import Shapes
 from grokc.passes._graph import rebuild_module
 
 EOS_IDS = "sampling.eos_ids"
@@ -73,11 +74,10 @@ class StaticShapes:
             raise BuildOptionError(f"--kv-blocks {self.kv_blocks} cannot hold one {self.max_seq}-token sequence; "
                                    f"use at least {self.max_blocks_per_seq}")
 
-    def to_json(self) -> dict:
-        return {"batch": self.batch, "buckets": list(self.buckets), "max_seq": self.max_seq,
-                "decode_batches": list(self.decode_batches),
-                "kv_block_size": KV_BLOCK_SIZE, "kv_blocks": self.pool_blocks,
-                "max_blocks_per_seq": self.max_blocks_per_seq}
+    def record(self) -> Shapes:
+        """What the artifact records of these shapes (``core/meta.py``)."""
+        return Shapes(self.batch, tuple(self.buckets), self.max_seq, self.decode_batches, KV_BLOCK_SIZE,
+                      self.pool_blocks, self.max_blocks_per_seq)
 
 
 def run(module: Module, shapes: StaticShapes) -> Module:
@@ -89,7 +89,7 @@ def run(module: Module, shapes: StaticShapes) -> Module:
         graphs[f"decode_{b}"] = _instantiate(fwd, f"decode_{b}", b, AttnMode.DECODE)
     eos = np.array(c.eos_token_ids or (-1,), dtype=np.int32)
     return rebuild_module(module, graphs, {EOS_IDS: frozen_array(eos)}, state=_state(module, shapes),
-                          meta={**module.meta, "shapes": shapes.to_json()})
+                          meta=replace(module.meta, shapes=shapes.record()))
 
 
 def _state(module: Module, s: StaticShapes) -> dict[str, TensorType]:

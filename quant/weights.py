@@ -42,9 +42,9 @@ def quantize_weight(w: np.ndarray, recipe: QuantRecipe, hessian: np.ndarray | No
 
 def dequantized_weight(w: np.ndarray, recipe: QuantRecipe, hessian: np.ndarray | None = None) -> np.ndarray:
     """f32 ``[N, K]``: ``w`` as the kernels will see it after ``quantize_weight`` (fp16 residual included)."""
-    codes, scales, zeros, residual = quantize_weight(w, recipe, hessian)
+    codes, scales, zeros, csr = quantize_weight(w, recipe, hessian)
     wq = int4.dequantize(int4.pack(codes), scales, zeros, recipe.group_size)
-    return wq if residual is None else residual.scatter(wq, *residual)
+    return wq if csr is None else residual.scatter(wq, *csr)
 
 
 def embedding_group_size(hidden: int, recipe: QuantRecipe) -> int:

@@ -15,6 +15,7 @@ import numpy as np
 
 from grokc.abi.ops import KV_BLOCK_SIZE
 from grokc.artifacts.plan import IO, Plan
+from grokc.core.meta import Shapes
 from grokc.core.errors import RequestError
 from grokc.runner.executor import Executor
 
@@ -26,20 +27,6 @@ class SamplingParams:
     top_k: int = 0             # 0: no top-k filter
     top_p: float = 1.0         # 1: no nucleus filter
     seed: int = 0
-
-
-@dataclass(frozen=True)
-class Shapes:
-    batch: int
-    buckets: tuple[int, ...]
-    max_seq: int
-    kv_blocks: int
-    decode_batches: tuple[int, ...]
-
-    @classmethod
-    def from_manifest(cls, shapes: dict) -> "Shapes":
-        return cls(shapes["batch"], tuple(shapes["buckets"]), shapes["max_seq"], shapes["kv_blocks"],
-                   tuple(shapes["decode_batches"]))
 
 
 class Engine:

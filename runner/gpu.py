@@ -34,30 +34,23 @@ WEIGHT_ALIGN = 256
 _PARAM_BYTES = {ArgKind.PTR: 8, ArgKind.I32: 4, ArgKind.F32: 4}
 
 
-def _arch_of(ctx: cd.Context) -> str:
-    major, minor = ctx.compute_capability
-    return f"sm{major}{minor}"
-
-
-def _require_arch(ctx: cd.Context, archs: list[str]) -> str:
-    arch = _arch_of(ctx)
-    if arch not in archs:
-        major, minor = ctx.compute_capability
-        raise TargetError(
-            f"GPU {ctx.ordinal} ({ctx.name}) has compute capability {major}.{minor} ({arch}) but the "
-            f"artifact holds only {', '.join(archs) or 'no archs'}; rebuild with --arch {arch}"
-        )
-    return arch
-
-
-def check_device(archs: list[str], ordinal: int = 0) -> str:
-    """The arch of ``archs`` to run on GPU ``ordinal``: an exact compute-capability match (``sm90``).
+def check_device(archs: Mapping[str, bool], ordinal: int = 0) -> str:
+    """The arch of ``archs`` (name -> carries PTX) to run on GPU ``ordinal`` (``session.pick_arch``).
 
     Raises ``TargetError`` when the artifact holds no code for this GPU, and ``NoCudaDevice`` when
     there is no CUDA driver or GPU at all (the CLI falls back to the CPU on that one).
     """
+    from grokc.runner.session import pick_arch
+
     with cd.Context(ordinal) as ctx:
-        return _require_arch(ctx, archs)
+        major, minor = ctx.compute_capability
+        arch = pick_arch(major, minor, archs)
+        if arch is None:
+            raise TargetError(
+                f"GPU {ctx.ordinal} ({ctx.name}) has compute capability {major}.{minor} (sm{major}{minor}) but the "
+                f"artifact holds only {', '.join(sorted(archs)) or 'no archs'}; rebuild with --arch sm{major}{minor}"
+            )
+        return arch
 
 
 def _weight_layout(weights: Mapping[str, np.ndarray | SyntheticTensor]) -> tuple[dict[str, int], int]:

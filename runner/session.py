@@ -11,6 +11,7 @@ writes per-step inputs and replays graphs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from tokenizers import Tokenizer
 
 from grokc.artifacts.store import Artifact, open_artifact
 from grokc.core.errors import GrokcError
-from grokc.runner.engine import Engine, SamplingParams, Shapes
+from grokc.runner.engine import Engine, SamplingParams
 from grokc.runner.executor import Executor
 
 DEVICES = ("auto", "cuda", "cpu")
@@ -31,20 +32,35 @@ class Backend:
     arch: str     # the arch whose plan runs
 
 
+def pick_arch(major: int, minor: int, archs: Mapping[str, bool]) -> str | None:
+    """The arch whose plan runs on a GPU of compute capability ``major.minor``, or None.
+
+    ``archs`` maps each arch of the artifact (``sm90``) to whether its kernels carry PTX. An exact
+    match runs its SASS; otherwise the newest arch below the GPU that carries PTX runs, its kernels
+    JIT-compiled by the driver (PTX of compute_XX runs on every later GPU).
+    """
+    sm = 10 * major + minor
+    exact = f"sm{sm}"
+    if exact in archs:
+        return exact
+    jit = sorted((int(a[2:]), a) for a, ptx in archs.items() if ptx and int(a[2:]) < sm)
+    return jit[-1][1] if jit else None
+
+
 def choose_backend(artifact: Artifact, device: str) -> Backend:
     """Resolve ``auto``/``cuda``/``cpu`` against the machine and the artifact's archs."""
     if device not in DEVICES:
         raise GrokcError(f"unknown --device '{device}'; choose one of: {', '.join(DEVICES)}")
-    archs = artifact.manifest.archs
+    archs = {name: info.ptx for name, info in artifact.manifest.archs.items()}
     if device == "cpu":
-        return Backend("cpu", archs[0])
+        return Backend("cpu", min(archs))
     from grokc.runner import gpu  # the GPU side needs cuda-python; the CPU side does not
     try:
         return Backend("cuda", gpu.check_device(archs))
     except gpu.NoCudaDevice:
         if device == "cuda":
             raise
-        return Backend("cpu", archs[0])
+        return Backend("cpu", min(archs))
 
 
 def make_executor(artifact: Artifact, backend: Backend) -> Executor:
@@ -55,7 +71,7 @@ def make_executor(artifact: Artifact, backend: Backend) -> Executor:
         executor = CpuExecutor(plan, {**weights, **{n: np.zeros(t.shape, t.dtype) for n, t in synthetic.items()}})
     else:
         from grokc.runner.gpu import GpuExecutor
-        executor = GpuExecutor(plan, {**weights, **synthetic}, artifact.cubin(backend.arch))
+        executor = GpuExecutor(plan, {**weights, **synthetic}, artifact.kernels(backend.arch))
     if "init" in plan.graphs:
         executor.replay("init")
     return executor
@@ -67,7 +83,7 @@ class Runner:
         self.backend = choose_backend(self.artifact, device)
         self.executor = make_executor(self.artifact, self.backend)
         self.plan = self.artifact.plan(self.backend.arch)
-        self.engine = Engine(self.executor, self.plan, Shapes.from_manifest(self.artifact.manifest.shapes))
+        self.engine = Engine(self.executor, self.plan, self.artifact.manifest.shapes)
         self.tokenizer = Tokenizer.from_str(self.artifact.tokenizer_json())
 
     @property
@@ -77,7 +93,7 @@ class Runner:
     @property
     def synthetic(self) -> bool:
         """True when the weights are seeded random numbers (a speed artifact): the text is noise."""
-        return bool(self.artifact.manifest.weights.get("synthetic"))
+        return self.artifact.manifest.weights.synthetic is not None
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text).ids

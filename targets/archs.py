@@ -1,24 +1,28 @@
 """One description per GPU architecture grokc builds for.
 
 The numbers are the architecture's limits (shared memory a block can opt into) and the SM count
-of its reference data-center part, used only to size grids; a plan built for sm90 runs on any
-sm_90 device.
+of its reference data-center part, used only to size grids; ``features`` are what its kernel rules
+may ask for (``base.Feature``). A plan built for sm90 runs on any sm_90 device; the newest archs
+also carry PTX, so a GPU newer than every arch of the build JIT-compiles their kernels.
 """
 
 from __future__ import annotations
 
 from grokc.core.errors import TargetError
-from grokc.targets.base import Target
+from grokc.targets.base import Feature, Target
+
+_AMPERE = frozenset({Feature.MMA_F16})
+_HOPPER = _AMPERE | {Feature.PDL, Feature.CLUSTERS, Feature.BULK_COPY, Feature.VECTOR_RED}
 
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
-        Target("sm80", 80, smem_per_block=163 * 1024, num_sms=108),              # A100
-        Target("sm86", 86, smem_per_block=99 * 1024, num_sms=84),                # A10, RTX 30xx
-        Target("sm89", 89, smem_per_block=99 * 1024, num_sms=128),               # L40S, RTX 40xx
-        Target("sm90", 90, smem_per_block=227 * 1024, num_sms=132, has_wgmma=True),  # H100, H200
-        Target("sm100", 100, smem_per_block=227 * 1024, num_sms=148, ptx=True),  # B200
-        Target("sm120", 120, smem_per_block=99 * 1024, num_sms=170, ptx=True),   # RTX 50xx
+        Target("sm80", 80, 163 * 1024, 108, _AMPERE),             # A100
+        Target("sm86", 86, 99 * 1024, 84, _AMPERE),               # A10, RTX 30xx
+        Target("sm89", 89, 99 * 1024, 128, _AMPERE),              # L40S, RTX 40xx
+        Target("sm90", 90, 227 * 1024, 132, _HOPPER),             # H100, H200
+        Target("sm100", 100, 227 * 1024, 148, _HOPPER, ptx=True),  # B200; PTX for sm_103 and later
+        Target("sm120", 120, 99 * 1024, 170, _HOPPER, ptx=True),   # RTX 50xx; PTX for sm_121 and later
     )
 }
 

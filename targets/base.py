@@ -11,29 +11,38 @@ and its result (rule name, kernel symbol, launch shape) is written into the plan
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
 from grokc.abi.ops import KERNEL_ABI, ArgKind
 
 
+class Feature(enum.Enum):
+    """Hardware features a kernel rule may need; each target lists the ones it has."""
+
+    MMA_F16 = "mma.sync.m16n8k16 with f16 operands and f32 accumulators"          # sm_80+
+    PDL = "programmatic dependent launch (griddepcontrol)"                        # sm_90+
+    CLUSTERS = "thread-block clusters and distributed shared memory"             # sm_90+
+    BULK_COPY = "cp.async.bulk global->shared copies completing on an mbarrier"   # sm_90+
+    VECTOR_RED = "red.global.add.v4.f32 vector reductions"                        # sm_90+
+
+
 @dataclass(frozen=True)
 class Target:
-    name: str                 # "sm90"
-    sm: int                   # 90
-    smem_per_block: int       # bytes of shared memory a block may opt into
-    num_sms: int              # multiprocessors of the reference part (for grid sizing)
-    has_wgmma: bool = False   # sm_90a warpgroup MMA
-    ptx: bool = False         # also embed PTX for forward compatibility
+    name: str                        # "sm90"
+    sm: int                          # 90: the SASS nvcc compiles (sm_90) and the devices that run it
+    smem_per_block: int              # bytes of shared memory a block may opt into
+    num_sms: int                     # multiprocessors of the reference part (for grid sizing)
+    features: frozenset[Feature]
+    ptx: bool = False                # also embed PTX, which newer GPUs JIT-compile (nvcc.py)
 
     @property
     def nvcc_arch(self) -> str:
         return f"sm_{self.sm}"
 
-    @property
-    def has_pdl(self) -> bool:
-        """Programmatic dependent launch (``griddepcontrol``) exists from sm_90 on."""
-        return self.sm >= 90
+    def has(self, feature: Feature) -> bool:
+        return feature in self.features
 
 
 @dataclass(frozen=True)

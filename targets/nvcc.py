@@ -1,12 +1,14 @@
-"""The nvcc step: kernel symbols -> one cubin per architecture, on a machine with no GPU.
+"""The nvcc step: kernel symbols -> one cubin (or fatbin) per architecture, on a machine with no GPU.
 
-``build_cubin(kernels, target)`` writes one translation unit -- the headers of the rule modules
+``build_kernels(kernels, target)`` writes one translation unit -- the headers of the rule modules
 that own the kernels, then each kernel's entry point (sorted, deduplicated) -- and compiles it
 with fixed flags. The same kernels give the same bytes: the source is a function of the sorted
 symbols, file names in the temporary folder are fixed, and nothing that embeds paths or times
 (-G, -lineinfo) is used.
 
-Flags: ``-O3 -std=c++17 --cubin -arch=sm_XX``. No ``--use_fast_math``: it would flush fp32
+Flags: ``-O3 -std=c++17 --cubin -arch=sm_XX``; a target with ``ptx`` gets a fatbin instead,
+``--fatbin --no-compress -gencode arch=compute_XX,code=[sm_XX,compute_XX]``: the same SASS plus the PTX a newer
+GPU's driver JIT-compiles (``cuModuleLoadData`` takes either). No ``--use_fast_math``: it would flush fp32
 denormals and approximate every division and transcendental in every kernel of the unit (the
 sampler's softmax included); the kernels call the fast intrinsics (``__expf``, ``rsqrtf``) where
 they want them.
@@ -30,7 +32,7 @@ from grokc.targets.base import Target
 from grokc.targets.select import MODULES, owner
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
-FLAGS: tuple[str, ...] = ("-O3", "-std=c++17", "--cubin")
+FLAGS: tuple[str, ...] = ("-O3", "-std=c++17")
 DEFAULT_NVCC = "/usr/local/cuda/bin/nvcc"
 
 
@@ -74,15 +76,21 @@ def translation_unit(kernels: Sequence[str], trace: bool = False) -> str:
     return "\n".join(lines) + "".join(sources)
 
 
-def build_cubin(kernels: Sequence[str], target: Target, extra_flags: Sequence[str] = (), trace: bool = False) -> bytes:
-    """Compile exactly these kernel symbols for ``target`` and return the cubin's bytes."""
+def arch_flags(target: Target) -> list[str]:
+    """What nvcc emits for ``target``: SASS alone (a cubin), or SASS and PTX (a fatbin)."""
+    if target.ptx:
+        return ["--fatbin", "--no-compress", f"-gencode=arch=compute_{target.sm},code=[sm_{target.sm},compute_{target.sm}]"]
+    return ["--cubin", f"-arch={target.nvcc_arch}"]
+
+
+def build_kernels(kernels: Sequence[str], target: Target, extra_flags: Sequence[str] = (), trace: bool = False) -> bytes:
+    """Compile exactly these kernel symbols for ``target``; the cubin's (or fatbin's) bytes."""
     nvcc = find_nvcc()
     source = translation_unit(kernels, trace)
     with tempfile.TemporaryDirectory(prefix="grokc-nvcc-") as tmp:
-        src, cubin = Path(tmp) / "kernels.cu", Path(tmp) / "kernels.cubin"
+        src, cubin = Path(tmp) / "kernels.cu", Path(tmp) / "kernels.bin"
         src.write_text(source)
-        cmd = [nvcc, *FLAGS, f"-arch={target.nvcc_arch}", f"-I{KERNEL_DIR}", *extra_flags,
-               "-o", cubin.name, src.name]
+        cmd = [nvcc, *FLAGS, *arch_flags(target), f"-I{KERNEL_DIR}", *extra_flags, "-o", cubin.name, src.name]
         proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
         if proc.returncode != 0:
             log = (proc.stdout + proc.stderr).strip()
@@ -101,7 +109,7 @@ def ptxas_report(kernels: Sequence[str], target: Target) -> str:
     with tempfile.TemporaryDirectory(prefix="grokc-nvcc-") as tmp:
         src = Path(tmp) / "kernels.cu"
         src.write_text(translation_unit(kernels))
-        cmd = [nvcc, *FLAGS, f"-arch={target.nvcc_arch}", f"-I{KERNEL_DIR}", "-Xptxas", "-v",
+        cmd = [nvcc, *FLAGS, "--cubin", f"-arch={target.nvcc_arch}", f"-I{KERNEL_DIR}", "-Xptxas", "-v",
                "-o", "kernels.cubin", src.name]
         proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
         if proc.returncode != 0:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 
 from grokc.abi.ops import KV_BLOCK_SIZE
-from grokc.targets.base import KernelCall, KernelChoice, KernelRule, Target, c_params
+from grokc.targets.base import Feature, KernelCall, KernelChoice, KernelRule, Target, c_params
 
 CLUSTER_MIN_CONTEXT = 4096
 EARLY_MIN_BATCH = 2  # decode attention loads its first cache blocks before the wait from this many slots on
@@ -65,7 +65,7 @@ def prefill_mma_smem(d: int, bn: int) -> int:
 
 def prefill_mma(call: KernelCall, target: Target) -> KernelChoice | None:
     nh, nkv, d = _dims(call)
-    if not _heads_ok(nh, nkv, d) or d not in _MMA_HEAD_DIMS or target.sm < 80:
+    if not _heads_ok(nh, nkv, d) or d not in _MMA_HEAD_DIMS or not target.has(Feature.MMA_F16):
         return None
     bn = _prefill_tile(d)
     smem = prefill_mma_smem(d, bn)
@@ -96,7 +96,7 @@ def decode_mma_smem(d: int, warps: int, stages: int) -> int:
 def decode_edge(target: Target, cs: int) -> bool:
     """Whether a decode-attention launch of cluster size ``cs`` joins the launch before it by a
     programmatic edge: on sm_90+, without clusters (a cluster launch cannot start early)."""
-    return target.has_pdl and cs == 1
+    return target.has(Feature.PDL) and cs == 1
 
 
 def decode_split(call: KernelCall, target: Target) -> KernelChoice | None:
@@ -117,7 +117,8 @@ def decode_split(call: KernelCall, target: Target) -> KernelChoice | None:
     (decode_1 graph 514.8 -> 506.1 µs at context 128, eighth session).
     """
     nh, nkv, d = _dims(call)
-    if not _heads_ok(nh, nkv, d) or d not in _MMA_HEAD_DIMS or nh // nkv > _MAX_GROUP or target.sm < 80:
+    if (not _heads_ok(nh, nkv, d) or d not in _MMA_HEAD_DIMS or nh // nkv > _MAX_GROUP
+            or not target.has(Feature.MMA_F16)):
         return None
     batch, max_blocks = int(call.dims["B"]), int(call.dims["max_blocks"])
     pairs = batch * nkv
@@ -125,7 +126,7 @@ def decode_split(call: KernelCall, target: Target) -> KernelChoice | None:
     # cluster launch also cannot overlap the kernel before it (programmatic dependent launch),
     # measured on the H200 at +47 us per Llama-1B decode step (16 launches). So: clusters only
     # when the context can exceed CLUSTER_MIN_CONTEXT tokens.
-    clusters = target.sm >= 90 and max_blocks * KV_BLOCK_SIZE > CLUSTER_MIN_CONTEXT
+    clusters = target.has(Feature.CLUSTERS) and max_blocks * KV_BLOCK_SIZE > CLUSTER_MIN_CONTEXT
     warps = 4 if clusters or pairs >= target.num_sms else 8
     cs = 1
     if clusters:

@@ -34,7 +34,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from grokc.targets.base import KernelCall, KernelChoice, Target
+from grokc.targets.base import Feature, KernelCall, KernelChoice, Target
 
 HEADERS: tuple[str, ...] = (
     "common.cuh", "pdl.cuh", "linear_common.cuh", "linear_gemv2.cuh", "linear_gemv.cuh", "linear_gemm.cuh",
@@ -417,7 +417,7 @@ def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
     per = -(-nsteps // ks)
     big_m = lin.m > 4
     d = min(3 if ks == 1 else 2, per)
-    tr = int(target.has_pdl and per <= d and "r32" not in lin.io)  # a warp loads all its weights before the wait
+    tr = int(target.has(Feature.PDL) and per <= d and "r32" not in lin.io)  # a warp loads all its weights before the wait
     if ks == 1:
         return Gemv2(lin.wf, lin.act, lin.out, r, 1, 8 if big_m else 4, d, 2, int(big_m), 0, tr, lin.io)
     wn = 2 if big_m and rows >= 2 * target.num_sms else 1
@@ -436,7 +436,7 @@ def rule_gemv2(call: KernelCall, target: Target) -> KernelChoice | None:
     if smem > target.smem_per_block:  # x does not fit (e.g. K = 8192 at M = 8 on a 99 KB part)
         return None
     return KernelChoice(v.symbol, (v.blocks(lin.n), 1, 1), (v.threads, 1, 1), smem, "linear.gemv2",
-                        pdl=target.has_pdl)
+                        pdl=target.has(Feature.PDL))
 
 
 def gemv_variant(lin: _Linear, target: Target) -> Gemv:
@@ -522,7 +522,7 @@ def rule_rows(call: KernelCall, target: Target) -> KernelChoice | None:
     if smem > target.smem_per_block:
         return None
     return KernelChoice(v.symbol, (v.blocks(lin.n, target.num_sms), 1, 1), (v.threads, 1, 1), smem, "linear.rows",
-                        pdl=target.has_pdl)
+                        pdl=target.has(Feature.PDL))
 
 
 RULES = {"linear": [rule_rows, rule_gemv2, rule_gemv, rule_gemm, rule_ref]}

@@ -16,7 +16,7 @@ Same module protocol as ``rules_attention``: ``RULES`` (op -> ordered rules, fal
 
 from __future__ import annotations
 
-from grokc.targets.base import KernelCall, KernelChoice, KernelRule, Target, c_params
+from grokc.targets.base import Feature, KernelCall, KernelChoice, KernelRule, Target, c_params
 
 HEADERS: tuple[str, ...] = ("pdl.cuh", "cluster.cuh", "sample.cuh", "misc.cuh")
 
@@ -51,7 +51,7 @@ def sample_slice_len(vocab: int, cluster: int) -> int:
 
 def sample_cluster(call: KernelCall, target: Target) -> KernelChoice | None:
     vocab = int(call.dims["V"])
-    if target.sm < 90 or not 0 < vocab <= SAMPLE_MAX_VOCAB:
+    if not target.has(Feature.CLUSTERS) or not 0 < vocab <= SAMPLE_MAX_VOCAB:
         return None
     smem = sample_slice_len(vocab, SAMPLE_CLUSTER) * 4
     if smem + SAMPLE_STATIC_SMEM > target.smem_per_block:

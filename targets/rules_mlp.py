@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import re
 
-from grokc.targets.base import KernelCall, KernelChoice, KernelRule, Target, c_params
+from grokc.targets.base import Feature, KernelCall, KernelChoice, KernelRule, Target, c_params
 
 HEADERS: tuple[str, ...] = ("common.cuh", "pdl.cuh", "mlp_decode.cuh")
 
 THREADS = 512       # grokc::mlp::kThreads
 UNITS = 64          # grokc::mlp::kUnits: intermediate outputs per block
-MIN_SM = 90
+NEEDS = (Feature.BULK_COPY, Feature.VECTOR_RED)
 MAX_HIDDEN = 2048
 PACK_SYMBOL = "pack_mlp_tiles"
 PACK_THREADS = 256
@@ -50,22 +50,27 @@ def smem_bytes(hidden: int) -> int:
     return 102 * hidden + 2560
 
 
-def fits(sm: int, smem_per_block: int, hidden: int, inter: int) -> bool:
-    """Whether ``split_k`` takes a batch-1 MLP of these sizes on a target (the fusion pass asks)."""
-    return (sm >= MIN_SM and hidden % 256 == 0 and 256 <= hidden <= MAX_HIDDEN and inter % UNITS == 0
-            and inter >= UNITS and smem_bytes(hidden) <= smem_per_block)
+def shape_ok(hidden: int, inter: int) -> bool:
+    """Sizes the kernel is written for (whatever the target)."""
+    return hidden % 256 == 0 and 256 <= hidden <= MAX_HIDDEN and inter % UNITS == 0 and inter >= UNITS
+
+
+def fits(target: Target, hidden: int, inter: int) -> bool:
+    """Whether ``split_k`` takes a batch-1 MLP of these sizes on ``target`` (the fusion pass asks)."""
+    return (all(target.has(f) for f in NEEDS) and shape_ok(hidden, inter)
+            and smem_bytes(hidden) <= target.smem_per_block)
 
 
 def split_k(call: KernelCall, target: Target) -> KernelChoice | None:
     h, i = int(call.dims["hidden"]), int(call.dims["inter"])
-    if call.attrs.get("weight_format", "q4") != "q4" or not fits(target.sm, target.smem_per_block, h, i):
+    if call.attrs.get("weight_format", "q4") != "q4" or not fits(target, h, i):
         return None
     return KernelChoice(symbol(h), (i // UNITS, 1, 1), (THREADS, 1, 1), smem_bytes(h), "mlp_decode.split_k", pdl=True)
 
 
 def grid_stride(call: KernelCall, target: Target) -> KernelChoice | None:
     h, i = int(call.dims["hidden"]), int(call.dims["inter"])
-    if not fits(target.sm, target.smem_per_block, h, i):
+    if not fits(target, h, i):
         return None
     words = h * i // 4  # either part: (2 I x H or H x I codes) / 8
     blocks = min(4096, -(-words // PACK_THREADS))
@@ -85,7 +90,7 @@ def kernel_source(symbol_: str) -> str | None:
         return (f'extern "C" __global__ void __launch_bounds__({PACK_THREADS}) {PACK_SYMBOL}({decl}) {{\n'
                 f"  grokc::mlp::pack_mlp_tiles({args});\n}}\n")
     m = _MLP.fullmatch(symbol_)
-    if m is None or not fits(MIN_SM, smem_bytes(MAX_HIDDEN), int(m["h"]), UNITS):
+    if m is None or not shape_ok(int(m["h"]), UNITS):
         return None
     decl, args = c_params("mlp_decode", _PTR_TYPES)
     return (f'extern "C" __global__ void __launch_bounds__({THREADS}, 2) {symbol_}({decl}) {{\n'

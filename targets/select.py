@@ -16,7 +16,7 @@ blocks before the wait); programmatic edges into sampling or the embedding, or i
 at batch 1, let their blocks take SMs early and slowed a Llama-1B decode step (560 vs 548 us).
 
 ``select`` is the one place a kernel is chosen (dlight's ``ApplyDefaultSchedule`` order: the first
-rule that answers wins); ``nvcc.build_cubin`` asks ``owner`` which module's headers and source a
+rule that answers wins); ``nvcc.build_kernels`` asks ``owner`` which module's headers and source a
 symbol needs.
 """
 

@@ -88,7 +88,7 @@ def test_the_pass_quantizes_fused_weights_with_the_shared_input_statistics(tiny)
     calib = calibrate(tiny, recipe, CalibrationOptions(samples=2, tokens=64, sequential=False))
     assert calib.info["samples"] == 2 and not calib.info["sequential"]
     module = compile_loaded(tiny, CompileOptions(StaticShapes(2, (16,), 64, 0), recipe, calib))
-    assert module.meta["quant"]["calibration"] == dict(calib.info)
+    assert module.meta.quant.calibration == dict(calib.info)
     params, w = module.params, tiny.weights
     qkv = np.concatenate([w[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"])
     codes, scales, zeros = quantize_gptq(qkv, calib.hessians[names.layer(1, "attn_q")], 0, False,
@@ -134,8 +134,8 @@ def test_kernels_compile_before_calibration_and_once(monkeypatch, tmp_path):
     from grokc.core.errors import TargetError
 
     events: list[str] = []
-    real_cubin, real_calibrate = build_mod.build_cubin, build_mod.calibrate
-    monkeypatch.setattr(build_mod, "build_cubin", lambda kernels, target: events.append(f"nvcc {target.name}")
+    real_cubin, real_calibrate = build_mod.build_kernels, build_mod.calibrate
+    monkeypatch.setattr(build_mod, "build_kernels", lambda kernels, target: events.append(f"nvcc {target.name}")
                         or real_cubin(kernels, target))
     monkeypatch.setattr(build_mod, "calibrate", lambda *a, **k: events.append("calibrate") or real_calibrate(*a, **k))
     opts = build_mod.BuildOptions(archs=("sm80", "sm90"), batch=1, buckets=(16,), max_seq=64,
@@ -147,7 +147,7 @@ def test_kernels_compile_before_calibration_and_once(monkeypatch, tmp_path):
         raise TargetError("nvcc failed")
 
     events.clear()
-    monkeypatch.setattr(build_mod, "build_cubin", broken_nvcc)
+    monkeypatch.setattr(build_mod, "build_kernels", broken_nvcc)
     with pytest.raises(TargetError, match="nvcc failed"):
         build_mod.build_loaded(byte_loaded(), tmp_path / "b", opts)
     assert events == []

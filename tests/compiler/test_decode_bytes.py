@@ -22,5 +22,5 @@ def test_one_rope_row_per_attention_launch(tiny_model, tmp_path):
         sizes = {n: w.nbytes for n, w in a.weights().items()}
         table = next(l.arg("rope_table").weight for l in plan.graphs["decode_1"].launches if l.op == "attention_decode")
         assert sizes[table] == max_seq * 8 * 2 * 4   # [table_len, head_dim / 2, (cos, sin)] f32
-        counted[max_seq] = decode_bytes(plan, sizes, ModelConfig.from_json(a.manifest.model), 1, 40)
+        counted[max_seq] = decode_bytes(plan, sizes, a.manifest.model, 1, 40)
     assert counted[64] == counted[256]

@@ -24,7 +24,7 @@ from grokc.artifacts.store import open_artifact
 from grokc.cli.bench import decode_bytes
 from grokc.compiler.build import BuildOptions, build_loaded
 from grokc.core.config import ModelConfig
-from grokc.runner.engine import Engine, SamplingParams, Shapes
+from grokc.runner.engine import Engine, SamplingParams
 from grokc.runner.session import Backend, make_executor
 from grokc.targets import rules_mlp
 
@@ -80,7 +80,7 @@ def test_decode_1_takes_one_mlp_launch_a_layer_on_sm90(pair):
 def greedy(artifact, arch: str) -> tuple[list[int], np.ndarray]:
     plan = artifact.plan(arch)
     executor = make_executor(artifact, Backend("cpu", arch))
-    engine = Engine(executor, plan, Shapes.from_manifest(artifact.manifest.shapes))
+    engine = Engine(executor, plan, artifact.manifest.shapes)
     slot = engine.add([5, 17, 99, 3, 42], SamplingParams(max_new_tokens=13))
     engine.decode(12)
     return engine.tokens(slot), executor.read(plan.graphs["decode_1"].logits)
@@ -100,7 +100,7 @@ def test_bench_counts_the_same_bytes_fused_or_not(pair):
     counts = []
     for artifact, arch in ((sm90, "sm90"), (sm80, "sm80")):
         sizes = {n: a.nbytes for n, a in artifact.weights().items()}
-        counts.append(decode_bytes(artifact.plan(arch), sizes, ModelConfig.from_json(artifact.manifest.model), 1, 100))
+        counts.append(decode_bytes(artifact.plan(arch), sizes, artifact.manifest.model, 1, 100))
     assert counts[0] == counts[1]
 
 

@@ -77,7 +77,7 @@ def test_int8_head_logits_differ_from_the_f16_heads_by_the_int8_step(head8_artif
 def test_int8_head_plan_matches_torch_on_the_stored_codes(head8_artifacts, tiny_model, name):
     runner = Runner(head8_artifacts / name, device="cpu")
     art = runner.artifact.weights()
-    assert runner.artifact.manifest.quant["lm_head"] == "q8" and "output.weight" not in art
+    assert runner.artifact.manifest.quant.recipe["lm_head"] == "q8" and "output.weight" not in art
     assert ("output.zeros" in art) == (name == "int4a-head8")
     assert "token_embd.weight" in art                 # the embedding keeps its f16 table
     heads = [l for l in runner.plan.graphs[f"decode_{TINY_OPTS['batch']}"].launches
@@ -114,7 +114,7 @@ def test_synthetic_build_with_int8_head_runs(tmp_path):
            "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     manifest = build(tmp_path / "config.json", tmp_path / "art", BuildOptions(lm_head="int8", synthetic_seed=3, **TINY_OPTS))
-    tensors = manifest.weights["synthetic"]["tensors"]
+    tensors = manifest.weights.synthetic.to_json()["tensors"]
     assert tensors["output.q8weight"]["fill"] == "bytes" and tensors["output.q8weight"]["shape"] == [300, 64]
     assert tensors["output.zeros"] == {**tensors["output.zeros"], "fill": "constant", "scale": 128.0}
     logits = Runner(tmp_path / "art", device="cpu").engine.score([list(range(5, 17))])[0]

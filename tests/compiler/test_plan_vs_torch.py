@@ -24,7 +24,7 @@ def stored_weights(runner: Runner, loaded, residual: bool = True) -> dict[str, n
 
     def dense(base: str) -> np.ndarray:
         if f"{base}.qweight" in art:
-            gs = runner.artifact.manifest.quant["group_size"]
+            gs = runner.artifact.manifest.quant.recipe["group_size"]
             zeros = art.get(f"{base}.zeros")
             w = int4.dequantize(np.asarray(art[f"{base}.qweight"]), np.asarray(art[f"{base}.scales"]),
                                 None if zeros is None else np.asarray(zeros), gs)

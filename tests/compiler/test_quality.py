@@ -83,7 +83,7 @@ def test_gate_passes_within_the_limit_and_records_the_report(monkeypatch):
     tiny = byte_loaded()
     module = compile_loaded(tiny, CompileOptions(SHAPES, QUANT["int4-rtn"]))
     gated = _quality_gate(tiny, module, BuildOptions(quality_tokens=128, quality_context=64, max_ppl_increase=0.25), lambda s: None)
-    assert gated.meta["quant"]["quality"] == REPORT and gated.meta["quant"]["name"] == "int4-rtn"
+    assert gated.meta.quant.quality == REPORT and gated.meta.quant.name == "int4-rtn"
     with pytest.raises(QualityError, match=r"perplexity rose 25\.0% \(10\.0 -> 12\.5 on 128 held-out tokens\), "
                                            r"more than --max-ppl-increase 24\.9% allows"):
         _quality_gate(tiny, module, BuildOptions(quality_tokens=128, quality_context=64, max_ppl_increase=0.249), lambda s: None)

@@ -89,7 +89,7 @@ def max_rel_err(runner: Runner, model) -> float:
 def test_plan_logits_match_torch_on_the_dequantized_table(emb_artifacts, tiny_model, name):
     runner = Runner(emb_artifacts / name, device="cpu")
     art = runner.artifact.weights()
-    quant = runner.artifact.manifest.quant
+    quant = runner.artifact.manifest.quant.to_json()
     assert quant["embeddings"] == {"emb-int4": "q4", "emb-int8": "q8"}[name]
     assert "token_embd.weight" not in art           # the embedding reads codes only
     table = stored_table(art, 32 if name == "emb-int4" else 0)
@@ -114,7 +114,7 @@ def test_inspect_and_decode_bytes(emb_artifacts):
     runner = Runner(emb_artifacts / "emb-int4", device="cpu")
     sizes = {n: a.nbytes for n, a in runner.artifact.weights().items()}
     plan, batch = runner.plan, TINY_OPTS["batch"]
-    mc = ModelConfig.from_json(runner.artifact.manifest.model)
+    mc = runner.artifact.manifest.model
     others = sum(sizes[a.weight] // (l.arg("table_len").value if a.param == "rope_table" else 1)
                  for l in plan.graphs[f"decode_{batch}"].launches if l.op != "embedding"
                  for a in l.args if a.weight is not None)
@@ -141,7 +141,7 @@ def test_synthetic_build_with_quantized_embeddings_runs(tmp_path, embeddings, co
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     manifest = build(tmp_path / "config.json", tmp_path / "art",
                      BuildOptions(quant="int4-rtn", embeddings=embeddings, synthetic_seed=3, **TINY_OPTS))
-    tensors = manifest.weights["synthetic"]["tensors"]
+    tensors = manifest.weights.synthetic.to_json()["tensors"]
     assert tensors[codes]["fill"] == "bytes" and tensors["token_embd.scales"]["fill"] == "positive"
     runner = Runner(tmp_path / "art", device="cpu")
     seq = [int(t) for t in np.random.default_rng(1).integers(0, 300, 12)]

@@ -19,7 +19,7 @@ def test_default_recipe_meets_the_perplexity_target(smollm2_gguf, tmp_path):
     opts = BuildOptions(archs=("sm90",), buckets=(128,), max_seq=512, quality_tokens=4096, quality_context=512,
                         max_ppl_increase=TARGET)
     manifest = build(smollm2_gguf, tmp_path / "int4", opts)
-    q = manifest.quant
+    q = manifest.quant.to_json()
     assert (q["name"], q["group_size"], q["rounding"]) == ("int4", 0, "gptq")
     report = q["quality"]
     assert report["positions"] == 8 * 511 and report["tokens"] == 4096

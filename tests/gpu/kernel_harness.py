@@ -6,7 +6,7 @@ them all when there is no GPU)::
     from kernel_harness import run_kernel, nvcc_cubin
 
     def test_take_last(cuda_context):          # the fixture makes the skip explicit; optional
-        cubin = nvcc_cubin(SOURCE)              # or targets.build_cubin(...) for the real kernels
+        cubin = nvcc_cubin(SOURCE)              # or targets.build_kernels(...) for the real kernels
         x = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float16)
         out = np.full((1, 64), np.nan, np.float16)   # poison outputs: unwritten elements show
         got = run_kernel(cubin, "take_last_f16", grid=(1, 1, 1), block=(64, 1, 1), smem=0,

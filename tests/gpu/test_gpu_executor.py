@@ -266,11 +266,11 @@ def test_arena_starts_zeroed_and_weights_are_aligned(executor):
 
 
 def test_check_device(cuda_context, arch):
-    assert check_device([arch]) == arch
-    assert check_device(["sm1", arch]) == arch
+    assert check_device({arch: False}) == arch
+    assert check_device({"sm10": True, arch: False}) == arch
     wrong = "sm80" if arch != "sm80" else "sm86"
     with pytest.raises(TargetError) as info:
-        check_device([wrong])
+        check_device({wrong: False})
     message = str(info.value)
     assert "\n" not in message
     major, minor = cuda_context.compute_capability

@@ -22,7 +22,7 @@ from kernel_harness import run_kernel, seeded
 
 from grokc.abi.ops import KV_BLOCK_SIZE as S
 from grokc.runner.cpu import OPS
-from grokc.targets import build_cubin, get_target
+from grokc.targets import build_kernels, get_target
 from grokc.targets import rules_attention as ra
 from grokc.targets.archs import TARGETS
 from grokc.targets.base import KernelCall
@@ -41,7 +41,7 @@ DECODE_SYMBOLS = ("attn_decode_mma_d64_w8_s4_c1", "attn_decode_mma_d64_w8_s4_c1_
 @pytest.fixture(scope="module")
 def cubin(sm) -> bytes:
     symbols = PREFILL_SYMBOLS + tuple(s for s in DECODE_SYMBOLS if sm >= 90 or not s.endswith(("_c2", "_c4", "_c8")))
-    return build_cubin(symbols, get_target(f"sm{sm}"))
+    return build_kernels(symbols, get_target(f"sm{sm}"))
 
 
 # -- inputs -----------------------------------------------------------------------------------

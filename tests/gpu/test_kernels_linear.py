@@ -35,7 +35,7 @@ from kernel_harness import Launch, Shared, run_chain, run_kernel, seeded
 from grokc.abi import int4
 from grokc.abi.ops import KERNEL_ABI
 from grokc.runner.cpu import OPS
-from grokc.targets import KernelCall, build_cubin, get_target, rules_linear, select
+from grokc.targets import KernelCall, build_kernels, get_target, rules_linear, select
 
 F16, F32 = np.float16, np.float32
 
@@ -242,7 +242,7 @@ def cubins(request, sm) -> dict[str, bytes]:
     if not chunks:
         return {}
     with ThreadPoolExecutor(len(chunks)) as pool:
-        built = list(pool.map(lambda c: build_cubin(c, target), chunks))
+        built = list(pool.map(lambda c: build_kernels(c, target), chunks))
     return {s: cubin for chunk, cubin in zip(chunks, built) for s in chunk}
 
 

@@ -14,7 +14,7 @@ import pytest
 from kernel_harness import run_kernel, seeded
 
 from grokc.runner.cpu import OPS
-from grokc.targets import build_cubin, get_target
+from grokc.targets import build_kernels, get_target
 from grokc.targets import rules_misc as rm
 from grokc.targets.archs import TARGETS
 from grokc.targets.base import KernelCall
@@ -27,7 +27,7 @@ def cubin(cuda_context) -> bytes:
     major, minor = cuda_context.compute_capability
     symbols = ("embedding_v8", "embedding_v1", "embedding_q8_v8", "embedding_q8_v1", "embedding_q4_w4",
                "embedding_q4_w1", "take_last_v8", "take_last_v1")
-    return build_cubin(symbols, get_target(f"sm{major}{minor}"))
+    return build_kernels(symbols, get_target(f"sm{major}{minor}"))
 
 
 

@@ -25,7 +25,7 @@ from grokc.abi.ops import KERNEL_ABI
 from grokc.runner.cpu import OPS
 from grokc.targets import (
     KernelCall,
-    build_cubin,
+    build_kernels,
     get_target,
     rules_linear,
     rules_mlp,
@@ -84,7 +84,7 @@ def test_linear_reads_f32_inputs_as_f16(case, sm):
     ref = {key: (v.copy() if isinstance(v, np.ndarray) else v) for key, v in args.items()}
     OPS["linear"](ref, attrs)
     want = ref["out"].astype(np.float64)
-    got = run_kernel(build_cubin([choice.kernel], get_target(f"sm{sm}")), choice.kernel, choice.grid, choice.block,
+    got = run_kernel(build_kernels([choice.kernel], get_target(f"sm{sm}")), choice.kernel, choice.grid, choice.block,
                      choice.smem, "linear", args)["out"].astype(np.float64)
     assert not np.isnan(got).any(), f"{choice.kernel}: outputs unwritten"
     err = np.linalg.norm(got - want) / np.linalg.norm(want)
@@ -116,9 +116,9 @@ def _mlp_case(rng, h, i, zeros):
 
 @pytest.fixture(scope="module")
 def mlp_cubin(sm):
-    if sm < rules_mlp.MIN_SM:
-        pytest.skip("mlp_decode runs on sm_90 and newer")
-    return build_cubin(sorted({rules_mlp.symbol(h) for h, _, _ in MLP_CASES} | {rules_mlp.PACK_SYMBOL}),
+    if not all(get_target(f"sm{sm}").has(f) for f in rules_mlp.NEEDS):
+        pytest.skip("mlp_decode needs bulk copies and vector reductions (sm_90 and newer)")
+    return build_kernels(sorted({rules_mlp.symbol(h) for h, _, _ in MLP_CASES} | {rules_mlp.PACK_SYMBOL}),
                        get_target(f"sm{sm}"))
 
 

@@ -18,7 +18,7 @@ import pytest
 from kernel_harness import run_kernel, seeded
 
 from grokc.runner.cpu import OPS
-from grokc.targets import build_cubin, get_target
+from grokc.targets import build_kernels, get_target
 from grokc.targets import rules_misc as rm
 from grokc.targets.archs import TARGETS
 from grokc.targets.base import KernelCall
@@ -35,7 +35,7 @@ def sampler(request, cuda_context):
     choice = request.param(KernelCall("sample", dims={"M": 1, "V": 1000, "n_eos": 1, "max_out": 1}), target)
     if choice is None:
         pytest.skip(f"{request.param.__name__} does not run on {target.name}")
-    return build_cubin([choice.kernel], target), request.param
+    return build_kernels([choice.kernel], target), request.param
 
 
 

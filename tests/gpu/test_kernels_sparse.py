@@ -21,7 +21,7 @@ from test_kernels_linear import TOL, check, make_case, oracle
 
 from grokc.abi.ops import KERNEL_ABI
 from grokc.runner.cpu import OPS
-from grokc.targets import KernelCall, build_cubin, get_target, rules_sparse, select
+from grokc.targets import KernelCall, build_kernels, get_target, rules_sparse, select
 
 F16, F32, I32 = np.float16, np.float32, np.int32
 SYMBOLS = ("sparse_residual_m1", "sparse_residual_m2", "sparse_residual_m4", "sparse_residual_m8", "sparse_residual_g")
@@ -31,7 +31,7 @@ SYMBOLS = ("sparse_residual_m1", "sparse_residual_m2", "sparse_residual_m4", "sp
 
 @pytest.fixture(scope="module")
 def cubin(sm) -> bytes:
-    return build_cubin(SYMBOLS, get_target(f"sm{sm}"))
+    return build_kernels(SYMBOLS, get_target(f"sm{sm}"))
 
 
 def make_csr(rng, nw: int, k: int, density: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -112,7 +112,7 @@ def test_chain_into_the_gemv(cubin, sm, act, m):
     lchoice = select(KernelCall("linear", attrs, dims), get_target(f"sm{sm}"))
     sdims = {p.name: sp[p.name] for p in KERNEL_ABI["sparse_residual"] if p.kind.value != "ptr"}
     schoice = select(KernelCall("sparse_residual", {}, sdims), get_target(f"sm{sm}"))
-    lin_cubin = build_cubin([lchoice.kernel], get_target(f"sm{sm}"))
+    lin_cubin = build_kernels([lchoice.kernel], get_target(f"sm{sm}"))
 
     launches = [
         Launch(cubin, schoice.kernel, schoice.grid, schoice.block, schoice.smem, "sparse_residual",

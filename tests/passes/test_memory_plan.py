@@ -30,7 +30,7 @@ def test_no_overlap_of_live_tensors_and_reuse():
     g = chain_graph([int(s) for s in rng.integers(100, 5000, 12)])
     state = {"io.x": TensorType((10,), DType.I32)}
     m = memory_plan.run(Module(config=tiny_config(), graphs={"g": g}, params={}, state=state))
-    plan = m.meta["memory"]
+    plan = m.meta.memory
     places = plan.scratch["g"]
     ranges = live_ranges(g)
     for a in places:

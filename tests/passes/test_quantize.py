@@ -35,7 +35,7 @@ def test_pass_quantizes_the_table_and_a_tied_head_keeps_its_own_weights(fmt, hea
     g = q.graphs["forward"]
     emb = next(n for n in g.nodes if n.op is OpKind.EMBEDDING)
     lm = next(n for n in g.nodes if n.outputs[0] in g.outputs)
-    assert emb.attrs.weight_format is fmt and q.meta["quant"]["embeddings"] == fmt.value
+    assert emb.attrs.weight_format is fmt and q.meta.quant.recipe["embeddings"] == fmt.value
     if fmt is WeightFormat.F16:       # shared, as before
         assert emb.inputs["table"] == lm.inputs["weight"] == "token_embd.weight"
         return
@@ -76,7 +76,7 @@ def test_pass_int8_head_is_per_channel_rtn_of_the_tied_table_which_keeps_its_for
     q = quantize.run(m, recipe)
     verify(q)
     lm, emb = _head_and_table(q)
-    assert lm.attrs.weight_format is WeightFormat.Q8 and lm.attrs.group_size == 0 and q.meta["quant"]["lm_head"] == "q8"
+    assert lm.attrs.weight_format is WeightFormat.Q8 and lm.attrs.group_size == 0 and q.meta.quant.recipe["lm_head"] == "q8"
     # a symmetric int8 head of an int8 table reads the table's own codes and scales: stored once
     base = "token_embd" if symmetric and embeddings is WeightFormat.Q8 else "output"
     assert lm.inputs["qweight"] == f"{base}.q8weight" and lm.inputs["scales"] == f"{base}.scales"

@@ -24,8 +24,8 @@ def corrected():
 
 
 def test_every_int4_linear_gets_a_residual_node_feeding_its_addend(corrected):
-    assert "sparse_residual" in corrected.meta["passes"]
-    assert corrected.meta["quant"]["fp16_residual"] == 0.03
+    assert "sparse_residual" in corrected.meta.passes
+    assert corrected.meta.quant.recipe["fp16_residual"] == 0.03
     for g in corrected.graphs.values():
         producers = g.producers()
         linears = [n for n in g.nodes if n.op is OpKind.LINEAR]
@@ -50,8 +50,8 @@ def test_budget_zero_leaves_the_module_as_without_the_option():
     loaded = tiny_loaded(seed=0)
     plain = compile_loaded(loaded, CompileOptions(SHAPES, QUANT["int4-rtn"]))
     zero = compile_loaded(loaded, CompileOptions(SHAPES, replace(QUANT["int4-rtn"], fp16_residual=0.0)))
-    assert plain.meta["passes"] == zero.meta["passes"] and "sparse_residual" not in zero.meta["passes"]
-    assert plain.meta["quant"] == zero.meta["quant"] and "fp16_residual" not in zero.meta["quant"]
+    assert plain.meta.passes == zero.meta.passes and "sparse_residual" not in zero.meta.passes
+    assert plain.meta.quant == zero.meta.quant and "fp16_residual" not in zero.meta.quant.recipe
     assert sorted(plain.params) == sorted(zero.params)
     assert not any("residual_" in name for name in zero.params)
     for name in plain.params:

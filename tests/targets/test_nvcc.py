@@ -7,15 +7,13 @@ Runs on a machine with no GPU; skipped where nvcc is missing (except the missing
 from __future__ import annotations
 
 import shutil
-import struct
 from pathlib import Path
 
 import pytest
 
+from grokc.artifacts import kernels_file
 from grokc.core.errors import TargetError
-from grokc.targets import TARGETS, build_cubin, get_target, nvcc, rules_linear
-
-EM_CUDA = 190
+from grokc.targets import TARGETS, build_kernels, get_target, nvcc, rules_linear
 
 
 def _have_nvcc() -> bool:
@@ -52,15 +50,6 @@ PER_ARCH = ["linear_gemv2_q4_silu_f16_r2k4w1d2p1n1b0", "linear_gemv_q4_silu_f16_
             "linear_gemv2_q8_none_f32_r2k1w4d3p2n0b0", "linear_ref_q8_none_f32"]   # the int8 LM head
 
 
-def elf_arch(cubin: bytes) -> tuple[int, int]:
-    """(e_machine, sm) of a cubin: EM_CUDA is 190 and the SM version sits in bits 8..15 of e_flags."""
-    assert cubin[:4] == b"\x7fELF", "not an ELF file"
-    assert cubin[4] == 2, "not a 64-bit ELF"
-    e_machine = struct.unpack_from("<H", cubin, 18)[0]
-    e_flags = struct.unpack_from("<I", cubin, 48)[0]
-    return e_machine, (e_flags >> 8) & 0xFF
-
-
 def test_representative_symbols_are_linear_kernels():
     for sym in REPRESENTATIVE + PER_ARCH:
         assert rules_linear.parse(sym) is not None, sym
@@ -69,27 +58,29 @@ def test_representative_symbols_are_linear_kernels():
 
 @needs_nvcc
 def test_sm90_compiles_every_linear_family():
-    cubin = build_cubin(REPRESENTATIVE, get_target("sm90"))
-    assert elf_arch(cubin) == (EM_CUDA, 90)
-    for sym in REPRESENTATIVE:
-        assert sym.encode() + b"\0" in cubin, f"{sym} missing from the cubin's symbols"
+    got = kernels_file.read(build_kernels(REPRESENTATIVE, get_target("sm90")))
+    assert got.sass_archs == (90,) and got.ptx_archs == ()
+    assert got.symbols == set(REPRESENTATIVE)
 
 
 @needs_nvcc
 @pytest.mark.parametrize("arch", [a for a in TARGETS if a != "sm90"])
 def test_every_arch_compiles(arch: str):
     target = get_target(arch)
-    cubin = build_cubin(PER_ARCH, target)
-    assert elf_arch(cubin) == (EM_CUDA, target.sm)
-    for sym in PER_ARCH:
-        assert sym.encode() + b"\0" in cubin
+    data = build_kernels(PER_ARCH, target)
+    got = kernels_file.read(data)
+    assert got.sass_archs == (target.sm,) and got.symbols == set(PER_ARCH)
+    # the newest archs carry PTX of their own compute capability, which later GPUs JIT-compile
+    assert got.ptx_archs == ((target.sm,) if arch in ("sm100", "sm120") else ())
+    if got.ptx_archs:
+        assert f".target sm_{target.sm}".encode() in data
 
 
 @needs_nvcc
 def test_same_kernels_same_bytes():
     target = get_target("sm90")
-    a = build_cubin(["linear_ref_q4_none_f16", "linear_ref_f16_none_f32"], target)
-    b = build_cubin(["linear_ref_f16_none_f32", "linear_ref_q4_none_f16", "linear_ref_f16_none_f32"], target)
+    a = build_kernels(["linear_ref_q4_none_f16", "linear_ref_f16_none_f32"], target)
+    b = build_kernels(["linear_ref_f16_none_f32", "linear_ref_q4_none_f16", "linear_ref_f16_none_f32"], target)
     assert a == b
 
 
@@ -109,12 +100,12 @@ def test_unknown_symbol_is_a_target_error():
 def test_missing_nvcc_is_a_target_error(monkeypatch, tmp_path: Path):
     monkeypatch.setenv("GROKC_NVCC", str(tmp_path / "no-nvcc"))
     with pytest.raises(TargetError, match="GROKC_NVCC=.* is not a file"):
-        build_cubin(PER_ARCH, get_target("sm90"))
+        build_kernels(PER_ARCH, get_target("sm90"))
     monkeypatch.delenv("GROKC_NVCC")
     monkeypatch.setattr(shutil, "which", lambda name: None)
     monkeypatch.setattr(nvcc, "DEFAULT_NVCC", str(tmp_path / "cuda" / "bin" / "nvcc"))
     with pytest.raises(TargetError, match="nvcc not found") as err:
-        build_cubin(PER_ARCH, get_target("sm90"))
+        build_kernels(PER_ARCH, get_target("sm90"))
     assert "\n" not in str(err.value)
 
 
@@ -129,7 +120,7 @@ def test_compile_error_names_arch_and_first_error(monkeypatch):
     monkeypatch.setattr(rules_linear, "kernel_source", broken)
     monkeypatch.delenv("GROKC_DEBUG", raising=False)
     with pytest.raises(TargetError, match=r"nvcc failed for sm_80 .*undefined_thing") as err:
-        build_cubin(["linear_ref_q4_none_f16"], get_target("sm80"))
+        build_kernels(["linear_ref_q4_none_f16"], get_target("sm80"))
     assert "\n" not in str(err.value)
 
 
@@ -139,10 +130,8 @@ def test_sparse_residual_kernels_compile(arch: str):
     symbols = ["sparse_residual_m1", "sparse_residual_m2", "sparse_residual_m4", "sparse_residual_m8",
                "sparse_residual_g"]
     target = get_target(arch)
-    cubin = build_cubin(symbols, target)
-    assert elf_arch(cubin) == (EM_CUDA, target.sm)
-    for sym in symbols:
-        assert sym.encode() + b"\0" in cubin
+    got = kernels_file.read(build_kernels(symbols, target))
+    assert got.sass_archs == (target.sm,) and got.symbols == set(symbols)
 
 
 TRACED = ["linear_ref_q4_none_f16", "attn_decode_ref", "sample_rows_c8"]
@@ -163,7 +152,7 @@ def test_traced_translation_unit_opens_a_scope_per_entry_point():
 @needs_nvcc
 def test_traced_cubin_holds_the_records_and_the_plain_one_does_not():
     target = get_target("sm90")
-    traced, plain = build_cubin(TRACED, target, trace=True), build_cubin(TRACED, target)
+    traced, plain = build_kernels(TRACED, target, trace=True), build_kernels(TRACED, target)
     assert b"_ZN11grokc_trace7recordsE" in traced and b"_ZN11grokc_trace5countE" in traced
     assert b"grokc_trace" not in plain
     for sym in TRACED:

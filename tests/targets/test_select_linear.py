@@ -10,12 +10,13 @@ from grokc.core.errors import UnsupportedOp
 from grokc.targets import (
     TARGETS,
     KernelCall,
-    build_cubin,
+    build_kernels,
     get_target,
     nvcc,
     rules_linear,
     select,
 )
+from grokc.targets.base import Feature
 
 # (K, N, act, weight_format, out_dtype) of Llama-3.2-1B and SmolLM2-135M.
 LLAMA_1B = [(2048, 3072, "none", "q4", "f16"), (2048, 2048, "none", "q4", "f16"),
@@ -41,13 +42,13 @@ def check_launch(c, m: int, n: int, k: int, act: str, target) -> None:
     if isinstance(v, rules_linear.Rows):
         assert c.grid[1:] == (1, 1) and c.grid[0] == min(-(-n // v.w), target.num_sms * v.minb)
         assert c.smem == v.smem(k) and threads == v.threads and m == 1
-        assert c.pdl == target.has_pdl
+        assert c.pdl == target.has(Feature.PDL)
     elif isinstance(v, rules_linear.Gemv2):
         assert c.grid[1:] == (1, 1) and v.blocks(n) == c.grid[0]
         assert (c.grid[0] - 1) * v.cols < n <= c.grid[0] * v.cols
         assert c.smem == v.smem(m, k) and threads == v.threads
         assert m <= rules_linear.GEMV2_MAX_M
-        assert c.pdl == target.has_pdl  # griddepcontrol after the first weight loads
+        assert c.pdl == target.has(Feature.PDL)  # griddepcontrol after the first weight loads
     elif isinstance(v, rules_linear.Gemv):
         assert c.grid[1:] == (1, 1) and v.blocks(n) == c.grid[0]
         cols = 8 * v.rg // (2 if act == "silu_mul" else 1)
@@ -233,7 +234,7 @@ def test_every_choice_compiles():
     symbols = set()
     for (k, n, act, wf, out), m in itertools.product(LLAMA_1B + SMOLLM2 + Q8_HEADS, (1, 4, 8, 16, 128, 512)):
         symbols.add(select(call(m, n, k, act, wf, out), t).kernel)
-    cubin = build_cubin(sorted(symbols), t)
+    cubin = build_kernels(sorted(symbols), t)
     for sym in symbols:
         assert sym.encode() + b"\0" in cubin
 
@@ -251,7 +252,7 @@ def test_next_launch_waits_when_the_ring_holds_every_step(arch: str, m: int):
             assert v.tr == 0
             continue
         steps = -(-k // rules_linear.gemv2_step_k(v.wf))
-        assert v.tr == int(t.has_pdl and -(-steps // v.ks) <= v.d), (arch, m, k, n, act, v.symbol)
-    if t.has_pdl:  # the 1B shape: qkv and o wait, gate_up, down and the LM head still stream after it
+        assert v.tr == int(t.has(Feature.PDL) and -(-steps // v.ks) <= v.d), (arch, m, k, n, act, v.symbol)
+    if t.has(Feature.PDL):  # the 1B shape: qkv and o wait, gate_up, down and the LM head still stream after it
         assert [rules_linear.parse(select(call(m, n, k, act, wf, out), t).kernel).tr
                 for k, n, act, wf, out in LLAMA_1B] == [1, 1, 0, 0, 0]
