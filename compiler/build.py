@@ -36,7 +36,6 @@ from grokc.compiler.frontends.synthetic import load_config
 from grokc.compiler.lower import lower
 from grokc.compiler.pipeline import CompileOptions, run_passes, shared_passes, target_passes
 from grokc.compiler.trace import trace_module
-from grokc.core import tensors as names
 from grokc.core.errors import BuildOptionError, QualityError
 from grokc.core.ir import Module, WeightFormat
 from grokc.passes.static_shapes import StaticShapes
@@ -182,13 +181,8 @@ def _compile(plan: Plan, target: Target, progress: Progress) -> tuple[list[str],
 def compile_loaded(loaded: LoadedModel, copts: CompileOptions, check_ir: bool = False,
                    progress: Progress = lambda s: None) -> Module:
     """Trace a loaded model and run the shared passes on it (no I/O)."""
-    weights = {}
-    for hf_name, array in loaded.weights.items():
-        canonical = names.from_hf(hf_name)
-        if canonical is not None:
-            weights[canonical] = array
     progress("tracing with torch.export")
-    module = trace_module(loaded.config, weights)
+    module = trace_module(loaded.config, loaded.weights)
     return run_passes(module, shared_passes(copts), check=check_ir, progress=progress)
 
 

@@ -27,7 +27,6 @@ import torch
 from tokenizers import Tokenizer
 
 from grokc.compiler.frontends import LoadedModel
-from grokc.compiler.models.llama import Llama
 from grokc.compiler.quality import reference_model
 from grokc.compiler.text import pydoc_text
 from grokc.core import tensors as names
@@ -92,7 +91,7 @@ def calibrate(loaded: LoadedModel, recipe: QuantRecipe, opts: CalibrationOptions
 
 
 @torch.no_grad()
-def collect(model: Llama, windows: list[list[int]], quantize: Quantizer | None = None,
+def collect(model: torch.nn.Module, windows: list[list[int]], quantize: Quantizer | None = None,
             progress: Progress = lambda s: None) -> dict[str, np.ndarray]:
     """Mean ``x^T x`` (f32 ``[K, K]``) of every distinct linear input over ``windows``, block by block.
 
@@ -106,7 +105,7 @@ def collect(model: Llama, windows: list[list[int]], quantize: Quantizer | None =
     for i, block in enumerate(model.blk):
         progress(f"calibrating block {i + 1}/{len(model.blk)}")
         sums: dict[str, torch.Tensor] = {}
-        hooks = [getattr(block, kind).register_forward_pre_hook(_accumulate(sums, names.layer(i, kind)))
+        hooks = [getattr(block, kind).register_forward_pre_hook(_accumulate(sums, names.name(names.Tensor(kind), i)))
                  for kind in _RECORDED]
         outputs = [block(h, p, model.rope_inv_freq, model.mscale) for h, p in zip(hidden, positions)]
         for hook in hooks:
@@ -115,7 +114,7 @@ def collect(model: Llama, windows: list[list[int]], quantize: Quantizer | None =
             out[key] = (s / n_tokens).float().numpy()
         if quantize is not None:
             for kind in _LINEARS:
-                name = names.layer(i, kind)
+                name = names.name(names.Tensor(kind), i)
                 linear = getattr(block, kind)
                 deq = quantize(name, linear.weight.numpy(), out[names.input_key(name)])
                 linear.weight.copy_(torch.from_numpy(deq))

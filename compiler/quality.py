@@ -21,14 +21,14 @@ evaluates the same tokens with no download.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
 
 from grokc.abi import int4, int8
+from grokc.compiler import models
 from grokc.compiler.frontends import LoadedModel
-from grokc.compiler.models.llama import Llama
 from grokc.compiler.text import pydoc_text, windows
 from grokc.core import tensors as names
 from grokc.core.config import ModelConfig
@@ -40,14 +40,11 @@ from grokc.quant import residual
 Progress = Callable[[str], None]
 
 
-def reference_model(cfg: ModelConfig, hf_weights: dict[str, np.ndarray]) -> Llama:
-    return torch_llama(cfg, {names.from_hf(k): v for k, v in hf_weights.items() if names.from_hf(k) is not None})
-
-
-def torch_llama(cfg: ModelConfig, weights: dict[str, np.ndarray]) -> Llama:
-    """grokc's torch Llama in float32 with canonically named ``weights`` (``names.LM_HEAD``, when
-    given, becomes a head of its own even if the config ties it to the embeddings)."""
-    model = Llama(cfg).eval()
+def reference_model(cfg: ModelConfig, weights: Mapping[str, np.ndarray]) -> torch.nn.Module:
+    """grokc's torch model of ``cfg``'s architecture in float32 with canonically named ``weights``
+    (``names.LM_HEAD``, when given, becomes a head of its own even if the config ties it to the
+    embeddings)."""
+    model = models.get(cfg.architecture).model(cfg).eval()
     state = {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in weights.items()}
     if names.LM_HEAD in state and model.output is None:
         model.output = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -81,7 +78,7 @@ def stored_weights(module: Module) -> dict[str, np.ndarray]:
         rows = {"attn_q": cfg.q_dim, "attn_k": cfg.kv_dim, "attn_v": cfg.kv_dim}
         sizes = [rows.get(p, w.shape[0] // len(parts)) for p in parts]
         for p, chunk in zip(parts, np.split(w, np.cumsum(sizes)[:-1])):
-            out[names.layer(int(layer), p)] = chunk
+            out[names.name(names.Tensor(p), int(layer))] = chunk
     return out
 
 
@@ -110,7 +107,7 @@ def _dense(module: Module, n: Node) -> np.ndarray:
 
 
 @torch.no_grad()
-def reference_logits(model: Llama, window: list[int]) -> np.ndarray:
+def reference_logits(model: torch.nn.Module, window: list[int]) -> np.ndarray:
     """f32 ``[len(window), vocab]``: the logits after each token of the window."""
     ids = torch.tensor(window, dtype=torch.int32)
     return model(ids, torch.arange(len(window), dtype=torch.int32)).float().numpy()
@@ -161,7 +158,7 @@ def build_report(loaded: LoadedModel, module: Module, tokens: int, context: int,
     wins = windows(Tokenizer.from_str(loaded.tokenizer_json).encode(pydoc_text("eval")).ids, tokens, context)
     progress(f"quality: {len(wins)} windows of {context} tokens of held-out text")
     ref_model = reference_model(loaded.config, loaded.weights)
-    art_model = torch_llama(loaded.config, stored_weights(module))
+    art_model = reference_model(loaded.config, stored_weights(module))
     stats = [position_stats(reference_logits(ref_model, w), reference_logits(art_model, w), w) for w in wins]
     report = {k: v if isinstance(v, int) else float(f"{v:.4g}") for k, v in combine(stats).items()}
     return {"text": "pydoc_data.topics, eval split (even topics)", "tokens": tokens, "context": context,

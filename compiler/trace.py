@@ -14,7 +14,7 @@ from typing import Callable, Mapping
 import numpy as np
 import torch
 
-from grokc.compiler.models.llama import Llama, model_buffers
+from grokc.compiler import models
 from grokc.core.config import ModelConfig
 from grokc.core.errors import UnsupportedModel, UnsupportedOp
 from grokc.core.ir import (
@@ -32,13 +32,12 @@ from grokc.core.ir import (
     frozen_array,
 )
 
-SUPPORTED_ARCHITECTURES = ("llama",)
 
-
-def export_llama(cfg: ModelConfig) -> torch.export.ExportedProgram:
-    """``torch.export`` of grokc's Llama for one sequence of ``T`` tokens (weights on ``meta``)."""
+def export_model(cfg: ModelConfig) -> torch.export.ExportedProgram:
+    """``torch.export`` of grokc's torch model of ``cfg``'s architecture for one sequence of ``T``
+    tokens (weights on ``meta``)."""
     with torch.device("meta"):
-        model = Llama(cfg).eval()
+        model = models.get(cfg.architecture).model(cfg).eval()
     t = torch.export.Dim("T", min=2, max=max(cfg.max_position_embeddings, 4))
     example = (torch.zeros(8, dtype=torch.int32, device="meta"), torch.zeros(8, dtype=torch.int32, device="meta"))
     return torch.export.export(model, example, dynamic_shapes={"tokens": {0: t}, "positions": {0: t}}, strict=False)
@@ -50,18 +49,15 @@ def trace_module(cfg: ModelConfig, weights: Mapping[str, np.ndarray]) -> Module:
     ``forward`` maps ``tokens [T] i32`` and ``positions [T] i32`` to ``logits [T, vocab] f32``;
     activations are typed f16 (grokc's residual stream), parameters keep their loaded dtype.
     """
-    if cfg.architecture not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModel(
-            f"architecture '{cfg.architecture}' is not supported; grokc compiles the Llama family only"
-        )
-    ep = export_llama(cfg)
+    arch = models.get(cfg.architecture)
+    ep = export_model(cfg)
     graph = _convert(ep)
-    params = {name: frozen_array(np.asarray(a)) for name, a in {**weights, **model_buffers(cfg)}.items()}
+    params = {name: frozen_array(np.asarray(a)) for name, a in {**weights, **arch.model.constants(cfg)}.items()}
     missing = sorted(
         src for n in graph.nodes for src in n.inputs.values() if src not in params and src not in graph.tensors
     )
     if missing:
-        raise UnsupportedModel(f"the model file lacks tensor '{missing[0]}' that a Llama model needs")
+        raise UnsupportedModel(f"the model file lacks tensor '{missing[0]}' that a {arch.name} model needs")
     return Module(config=cfg, graphs={"forward": graph}, params=params)
 
 

@@ -1,59 +1,105 @@
-"""Canonical tensor names (llama.cpp's, as in GGUF files) and the map from Hugging Face names.
+"""The one name table of grokc's tensors (llama.cpp's ``LLM_TN``): every kind, its canonical name,
+and its Hugging Face name.
 
-The torch model's parameters, the IR's parameters and the artifact's weights all use these
-names, e.g. ``blk.3.attn_q.weight``; passes derive new names from them with suffixes
-(``blk.3.attn_qkv.weight``, ``.qweight``, ``.scales``).
+A canonical name is the tensor's GGUF name: ``name(Tensor.ATTN_Q, 3)`` is ``blk.3.attn_q.weight``,
+``name(Tensor.TOKEN_EMBD)`` is ``token_embd.weight``. The frontends hand the compiler weights
+under these names (a GGUF file already uses them; a Hugging Face folder's names are mapped through
+``hf_name``), the torch models name their parameters so, and the IR, the passes and the artifact
+keep them; passes derive new names from them with suffixes (``.qweight``, ``.scales``).
+
+Hugging Face names are templates per kind (``model.layers.{i}.self_attn.q_proj``); ``LLAMA_HF``
+is the layout most families share, and an architecture (``compiler/models/``) overrides the kinds
+its checkpoints name differently. Keep the kinds in step with gguf-py's ``MODEL_TENSOR`` names.
 """
 
 from __future__ import annotations
 
+import enum
 import re
+from collections.abc import Mapping
 
-_HF_LAYER = {
-    "input_layernorm": "attn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
+
+class Tensor(enum.Enum):
+    """Every tensor kind an architecture may have; values are the GGUF base names."""
+
+    TOKEN_EMBD = "token_embd"
+    OUTPUT_NORM = "output_norm"
+    OUTPUT = "output"
+    ROPE_FREQS = "rope_freqs"          # llama3 rope scaling as GGUF stores it (per frequency)
+    ATTN_NORM = "attn_norm"
+    ATTN_Q = "attn_q"
+    ATTN_K = "attn_k"
+    ATTN_V = "attn_v"
+    ATTN_QKV = "attn_qkv"              # q, k, v rows in one weight (passes/fuse_attention.py; Phi-3 files)
+    ATTN_OUTPUT = "attn_output"
+    FFN_NORM = "ffn_norm"
+    FFN_GATE = "ffn_gate"
+    FFN_UP = "ffn_up"
+    FFN_GATE_UP = "ffn_gate_up"        # gate rows, then up rows (passes/fuse_mlp.py)
+    FFN_DOWN = "ffn_down"
+
+    @property
+    def per_layer(self) -> bool:
+        return self not in _GLOBAL
+
+
+_GLOBAL = frozenset({Tensor.TOKEN_EMBD, Tensor.OUTPUT_NORM, Tensor.OUTPUT, Tensor.ROPE_FREQS})
+
+# The Hugging Face names of the Llama layout ({i}: the layer); kinds absent here have none.
+LLAMA_HF: Mapping[Tensor, str] = {
+    Tensor.TOKEN_EMBD: "model.embed_tokens",
+    Tensor.OUTPUT_NORM: "model.norm",
+    Tensor.OUTPUT: "lm_head",
+    Tensor.ATTN_NORM: "model.layers.{i}.input_layernorm",
+    Tensor.ATTN_Q: "model.layers.{i}.self_attn.q_proj",
+    Tensor.ATTN_K: "model.layers.{i}.self_attn.k_proj",
+    Tensor.ATTN_V: "model.layers.{i}.self_attn.v_proj",
+    Tensor.ATTN_OUTPUT: "model.layers.{i}.self_attn.o_proj",
+    Tensor.FFN_NORM: "model.layers.{i}.post_attention_layernorm",
+    Tensor.FFN_GATE: "model.layers.{i}.mlp.gate_proj",
+    Tensor.FFN_UP: "model.layers.{i}.mlp.up_proj",
+    Tensor.FFN_DOWN: "model.layers.{i}.mlp.down_proj",
 }
-_HF_GLOBAL = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
-_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.weight")
 
 
-def from_hf(name: str) -> str | None:
-    """Canonical name of a Hugging Face Llama tensor, or None if it is not one grokc uses."""
-    if name in _HF_GLOBAL:
-        return _HF_GLOBAL[name]
-    m = _LAYER_RE.fullmatch(name)
-    if m and m.group(2) in _HF_LAYER:
-        return f"blk.{m.group(1)}.{_HF_LAYER[m.group(2)]}.weight"
-    return None
+def name(kind: Tensor, layer: int | None = None, suffix: str = "weight") -> str:
+    """The canonical (GGUF) name: ``blk.<layer>.<kind>.<suffix>``, or ``<kind>.<suffix>`` for a global."""
+    if kind.per_layer != (layer is not None):
+        raise ValueError(f"{kind.name} is {'a per-layer' if kind.per_layer else 'a global'} tensor (layer={layer})")
+    return f"blk.{layer}.{kind.value}.{suffix}" if kind.per_layer else f"{kind.value}.{suffix}"
 
 
-def layer(i: int, kind: str) -> str:
-    """``layer(3, "attn_q")`` -> ``blk.3.attn_q.weight``."""
-    return f"blk.{i}.{kind}.weight"
+def hf_name(kind: Tensor, layer: int | None = None, suffix: str = "weight",
+            table: Mapping[Tensor, str] = LLAMA_HF) -> str:
+    """The Hugging Face name of a tensor in ``table``'s layout (``model.layers.3.self_attn.q_proj.weight``)."""
+    return f"{table[kind].format(i=layer)}.{suffix}"
 
 
-LM_HEAD = "output.weight"  # the LM head's name, also when it is tied to token_embd.weight
+_CANONICAL = re.compile(r"(?:blk\.(?P<layer>\d+)\.)?(?P<kind>\w+?)\.(?P<suffix>weight|bias)")
+_KINDS = {t.value: t for t in Tensor}
 
-# Linears that read the same input as another: q/k/v (and their fusion attn_qkv), gate/up (ffn_gate_up).
-_SAME_INPUT = {"attn_k": "attn_q", "attn_v": "attn_q", "attn_qkv": "attn_q", "ffn_up": "ffn_gate",
-               "ffn_gate_up": "ffn_gate"}
+
+def parse(canonical: str) -> tuple[Tensor, int | None, str] | None:
+    """``(kind, layer, suffix)`` of a canonical weight or bias name, or None when it names no known kind."""
+    m = _CANONICAL.fullmatch(canonical)
+    if m is None or m["kind"] not in _KINDS:
+        return None
+    kind, layer = _KINDS[m["kind"]], None if m["layer"] is None else int(m["layer"])
+    return (kind, layer, m["suffix"]) if kind.per_layer == (layer is not None) else None
+
+
+LM_HEAD = name(Tensor.OUTPUT)  # the LM head's name, also when it is tied to token_embd.weight
+
+# Linears that read the same input as another: q/k/v (and their fusion), gate/up (and theirs).
+_SAME_INPUT = {Tensor.ATTN_K: Tensor.ATTN_Q, Tensor.ATTN_V: Tensor.ATTN_Q, Tensor.ATTN_QKV: Tensor.ATTN_Q,
+               Tensor.FFN_UP: Tensor.FFN_GATE, Tensor.FFN_GATE_UP: Tensor.FFN_GATE}
 
 
 def input_key(weight: str) -> str:
     """The name that keys the calibration statistics of ``weight``'s input: the canonical name of
     the first linear reading that input (``blk.3.attn_qkv.weight`` -> ``blk.3.attn_q.weight``)."""
-    parts = weight.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _SAME_INPUT:
-        return layer(int(parts[1]), _SAME_INPUT[parts[2]])
-    return weight
+    parsed = parse(weight)
+    if parsed is None or parsed[0] not in _SAME_INPUT:
+        return weight
+    kind, layer, suffix = parsed
+    return name(_SAME_INPUT[kind], layer, suffix)

@@ -22,7 +22,7 @@ import numpy as np
 from grokc.core.errors import UnsupportedModel
 from grokc.core.ir import DType, Graph, LinearAttrs, Module, Node, OpKind, TensorType, frozen_array
 from grokc.core.rowwise import concat_rows
-from grokc.core.tensors import layer
+from grokc.core.tensors import Tensor, name
 from grokc.passes._graph import rebuild_graph, rewrite_graphs, single_use
 
 
@@ -46,7 +46,7 @@ def _fuse_graph(g: Graph, module: Module) -> tuple[Graph, dict[str, np.ndarray]]
             raise UnsupportedModel(f"attention in layer {attn.attrs.layer} is not the Llama q/k/v + RoPE pattern "
                                    "grokc fuses; only the Llama family is supported")
         i = attn.attrs.layer
-        weight = layer(i, "attn_qkv")
+        weight = name(Tensor.ATTN_QKV, i)
         new_params[weight] = frozen_array(concat_rows([module.params[n.inputs["weight"]] for n in (q_lin, k_lin, v_lin)]))
         qkv = f"blk.{i}.attn_qkv"
         t = g.tensors[q_lin.outputs[0]].shape[0]

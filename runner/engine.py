@@ -15,8 +15,8 @@ import numpy as np
 
 from grokc.abi.ops import KV_BLOCK_SIZE
 from grokc.artifacts.plan import IO, Plan
-from grokc.core.meta import Shapes
 from grokc.core.errors import RequestError
+from grokc.core.meta import Shapes
 from grokc.runner.executor import Executor
 
 

@@ -80,3 +80,28 @@ def smollm2_artifacts(tmp_path_factory, smollm2_gguf):
         return built[key]
 
     return get
+
+
+@pytest.fixture(scope="session", autouse=True)
+def every_weights_file_opens_with_safetensors():
+    """Every artifact a test builds in this process: its weights file, read by the safetensors
+    library itself, holds exactly what grokc's own reader returns."""
+    from safetensors import safe_open
+
+    from grokc.artifacts import safetensors_io, store
+
+    write = store.write
+
+    def checked(out, manifest, *args, **kwargs):
+        written = write(out, manifest, *args, **kwargs)
+        path = Path(out) / written.weights.file
+        ours = safetensors_io.load(path)
+        with safe_open(str(path), framework="numpy") as f:
+            assert sorted(f.keys()) == sorted(ours), f"{path}: the library sees other tensors"
+            for name in f.keys():
+                assert f.get_tensor(name).tobytes() == ours[name].tobytes(), f"{path}: {name} differs"
+        return written
+
+    store.write = checked
+    yield
+    store.write = write

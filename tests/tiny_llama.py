@@ -1,4 +1,4 @@
-"""A tiny random Llama, in memory, for fast compiler tests: config, weights (HF names), tokenizer."""
+"""A tiny random Llama, in memory, for fast compiler tests: config, weights (canonical names), tokenizer."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ def tiny_config(**overrides) -> ModelConfig:
 
 
 def tiny_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random HF-named weights: linears ~ N(0, 1/fan_in), norms ~ 1 + N(0, 0.1)."""
+    """Random canonically named weights: linears ~ N(0, 1/fan_in), norms ~ 1 + N(0, 0.1)."""
     rng = np.random.default_rng(seed)
     out = {}
     for name, shape in weight_shapes(cfg).items():
         if name.endswith("norm.weight"):
             a = 1 + 0.1 * rng.standard_normal(shape)
-        elif name == "model.embed_tokens.weight":
+        elif name == "token_embd.weight":
             a = rng.standard_normal(shape)
         else:
             a = rng.standard_normal(shape) / np.sqrt(shape[1])

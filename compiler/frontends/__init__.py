@@ -3,14 +3,15 @@
 Two sources are understood, told apart by what the path *is*, never by its name:
 
 - a GGUF file (starts with the magic ``GGUF``): ``frontends.gguf``, every tensor dequantized to fp32
-  and renamed and re-laid-out to Hugging Face Llama conventions;
+  and re-laid-out as Hugging Face checkpoints lay it out (llama.cpp's q/k row order undone);
 - a Hugging Face folder (holds ``config.json``, ``*.safetensors`` and ``tokenizer.json``):
   ``frontends.hf``.
 
-Whatever the source, the weights come out under the Hugging Face Llama names listed by
-``weight_names(config)``, shaped ``[out, in]`` as in ``torch.nn.Linear``, float32, C-contiguous and
-read-only. ``lm_head.weight`` is present only when the model does not tie it to the embeddings.
-Anything that is not a supported Llama-family model is refused with one ``UnsupportedModel`` line.
+The model file names its architecture (``compiler/models``), which says what the weights are.
+Whatever the source, they come out under the canonical names of ``weight_shapes(config)``
+(``core/tensors.py``), shaped ``[out, in]`` as in ``torch.nn.Linear``, float32, C-contiguous and
+read-only; ``output.weight`` is present only when the model does not tie it to the embeddings.
+Anything that is not a supported model is refused with one ``UnsupportedModel`` line.
 """
 
 from __future__ import annotations
@@ -22,32 +23,21 @@ from pathlib import Path
 
 import numpy as np
 
+from grokc.compiler import models
 from grokc.core.config import ModelConfig
 from grokc.core.errors import UnsupportedModel
 
 GGUF_MAGIC = b"GGUF"
-
-# Per-layer weights, Hugging Face Llama names relative to ``model.layers.{i}.``.
-LAYER_WEIGHTS = (
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "self_attn.o_proj",
-    "mlp.gate_proj",
-    "mlp.up_proj",
-    "mlp.down_proj",
-    "input_layernorm",
-    "post_attention_layernorm",
-)
 
 
 @dataclass(frozen=True)
 class LoadedModel:
     """A model as every frontend hands it to the compiler.
 
-    ``weights`` maps the names of ``weight_names(config)`` to float32, C-contiguous, read-only
-    arrays. ``source_sha256`` identifies the bytes the model came from (see each frontend for what
-    exactly is hashed); ``source_format`` is ``"gguf"`` or ``"hf"``.
+    ``weights`` maps the canonical names of ``weight_shapes(config)`` (``core/tensors.py``) to
+    float32, C-contiguous, read-only arrays, ``[out, in]`` for linears. ``source_sha256``
+    identifies the bytes the model came from (see each frontend for what exactly is hashed);
+    ``source_format`` is ``"gguf"``, ``"hf"`` or ``"config"``.
     """
 
     config: ModelConfig
@@ -59,38 +49,9 @@ class LoadedModel:
     synthetic_seed: int | None = None  # set: the weights are placeholders for seeded synthetic ones
 
 
-def weight_names(config: ModelConfig) -> list[str]:
-    """Every weight a Llama-family model of this config has, in a fixed order (HF names)."""
-    names = ["model.embed_tokens.weight"]
-    for i in range(config.num_layers):
-        names += [f"model.layers.{i}.{w}.weight" for w in LAYER_WEIGHTS]
-    names.append("model.norm.weight")
-    if not config.tie_word_embeddings:
-        names.append("lm_head.weight")
-    return names
-
-
 def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The shape each of ``weight_names(config)`` must have: ``[out, in]`` for linears."""
-    c = config
-    per_layer = {
-        "self_attn.q_proj": (c.q_dim, c.hidden_size),
-        "self_attn.k_proj": (c.kv_dim, c.hidden_size),
-        "self_attn.v_proj": (c.kv_dim, c.hidden_size),
-        "self_attn.o_proj": (c.hidden_size, c.q_dim),
-        "mlp.gate_proj": (c.intermediate_size, c.hidden_size),
-        "mlp.up_proj": (c.intermediate_size, c.hidden_size),
-        "mlp.down_proj": (c.hidden_size, c.intermediate_size),
-        "input_layernorm": (c.hidden_size,),
-        "post_attention_layernorm": (c.hidden_size,),
-    }
-    shapes = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size)}
-    for i in range(c.num_layers):
-        shapes.update({f"model.layers.{i}.{w}.weight": s for w, s in per_layer.items()})
-    shapes["model.norm.weight"] = (c.hidden_size,)
-    if not c.tie_word_embeddings:
-        shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
-    return shapes
+    """Every weight a model of this config has (canonical names, its architecture's order) and its shape."""
+    return models.get(config.architecture).weight_shapes(config)
 
 
 def check_weight_shapes(weights: Mapping[str, np.ndarray], config: ModelConfig, source: str) -> None:
@@ -125,7 +86,7 @@ def file_sha256(path: Path) -> str:
 
 
 def load_model(path: str | Path, progress: Callable[[str], None] | None = None) -> LoadedModel:
-    """Load a Llama-family model from a GGUF file or a Hugging Face folder.
+    """Load a model of a supported architecture from a GGUF file or a Hugging Face folder.
 
     Parameters
     ----------
@@ -144,7 +105,7 @@ def load_model(path: str | Path, progress: Callable[[str], None] | None = None) 
     ------
     UnsupportedModel
         The path is missing, is neither a GGUF file nor a Hugging Face folder, is truncated or
-        corrupt, or holds a model outside the supported Llama family.
+        corrupt, or holds a model of an architecture grokc does not compile.
     """
     path = Path(path)
     expected = "a .gguf file or a Hugging Face folder with config.json"

@@ -4,23 +4,24 @@ What it does, in order:
 
 1. reads the header with the ``gguf`` package; any failure of that reader on a damaged file becomes
    one ``UnsupportedModel`` line (the reader raises ``ValueError``, ``IndexError``, ... on bad bytes);
-2. refuses anything but ``general.architecture == "llama"`` without biases or experts;
-3. builds ``ModelConfig`` from the ``llama.*`` keys: head_dim is ``attention.key_length`` or
+2. finds the architecture of ``general.architecture`` (``compiler/models``) and refuses tensors
+   it does not have (biases, experts, ...);
+3. builds ``ModelConfig`` from the ``<arch>.*`` keys: head_dim is ``attention.key_length`` or
    ``embedding_length / head_count``; rope scaling from ``rope.scaling.*`` (linear, yarn), or --
    for Llama 3.x files, where llama.cpp stores the llama3 scaling only as the per-frequency
    ``rope_freqs.weight`` table -- by recovering the llama3 parameters from that table and checking
    they reproduce it; ``tie_word_embeddings`` is "no ``output.weight`` tensor"; eos ids are
    ``eos_token_id`` followed by ``eot_token_id`` / ``eom_token_id`` where present;
 4. rebuilds ``tokenizer.json`` from the tokenizer metadata (``gguf_tokenizer``);
-5. dequantizes every tensor to float32 (``gguf.quants.dequantize``), renames it to the HF name,
-   and undoes llama.cpp's q/k row permutation (see ``unpermute_qk``);
+5. dequantizes every tensor to float32 (``gguf.quants.dequantize``), keeps its name (GGUF names
+   are grokc's canonical ones), and undoes llama.cpp's q/k row permutation where the
+   architecture's converter applies one (see ``unpermute_qk``);
 6. ``source_sha256`` is the SHA-256 of the file's bytes.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,32 +29,16 @@ from typing import Any
 import gguf
 import numpy as np
 
-from grokc.compiler.frontends import LoadedModel, file_sha256, frozen_fp32, weight_names, weight_shapes
+from grokc.compiler import models
+from grokc.compiler.frontends import LoadedModel, file_sha256, frozen_fp32
 from grokc.compiler.frontends.gguf_tokenizer import build_tokenizer_json
+from grokc.compiler.models.architecture import Architecture
 from grokc.core.config import ModelConfig, RopeConfig, RopeType
 from grokc.core.errors import UnsupportedModel
+from grokc.core.tensors import Tensor, parse
+from grokc.core.tensors import name as tensor_name
 
-ARCH = "llama"
-
-# GGUF tensor names -> Hugging Face Llama names.
-_GLOBAL_TENSORS = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LAYER_TENSORS = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-_LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-ROPE_FREQS = "rope_freqs.weight"
+ROPE_FREQS = tensor_name(Tensor.ROPE_FREQS)
 
 # llama3 scaling leaves only the ratios original_context / {low,high}_freq_factor in rope_freqs;
 # the context itself is taken from the metadata, else Llama 3's own value.
@@ -61,7 +46,7 @@ _LLAMA3_DEFAULT_ORIGINAL_CONTEXT = 8192
 
 
 def load_gguf(path: Path, progress: Callable[[str], None] | None = None) -> LoadedModel:
-    """Load a Llama GGUF file: fp32 weights under HF names and layout, config, tokenizer.
+    """Load a GGUF file: fp32 weights under canonical names in Hugging Face layout, config, tokenizer.
 
     ``source_sha256`` is the SHA-256 of the file's bytes (``sha256sum FILE``).
     """
@@ -71,28 +56,21 @@ def load_gguf(path: Path, progress: Callable[[str], None] | None = None) -> Load
     reader = _open_reader(path)
     metadata = _metadata(reader, path)
     tensors = {t.name: t for t in reader.tensors}
-
-    arch = metadata.get("general.architecture")
-    if arch != ARCH:
-        raise UnsupportedModel(
-            f"GGUF '{path.name}' has general.architecture {arch!r}; only the Llama family ('llama') is supported"
-        )
-    _check_tensor_names(tensors, path)
-    config = _config_from_metadata(metadata, tensors, path)
-    names = weight_names(config)
-    hf_to_gguf = _hf_to_gguf_names(config)
-    missing = [hf_to_gguf[n] for n in names if hf_to_gguf[n] not in tensors]
+    arch = models.for_gguf(metadata.get("general.architecture"), f"GGUF '{path.name}'")
+    config = _config_from_metadata(arch, metadata, tensors, path)
+    shapes = arch.weight_shapes(config)
+    _check_tensor_names(arch, tensors, shapes, path)
+    missing = [n for n in shapes if n not in tensors]
     if missing:
         raise UnsupportedModel(
             f"GGUF '{path.name}' lacks tensor {missing[0]!r} ({len(missing)} missing in all) that a "
-            f"{config.num_layers}-layer Llama needs; the file is incomplete, re-export it"
+            f"{config.num_layers}-layer {arch.name} model needs; the file is incomplete, re-export it"
         )
-
-    for name, shape in weight_shapes(config).items():
-        got = tuple(int(n) for n in reversed(tensors[hf_to_gguf[name]].shape))
+    for name, shape in shapes.items():
+        got = tuple(int(n) for n in reversed(tensors[name].shape))
         if got != shape:
             raise UnsupportedModel(
-                f"GGUF '{path.name}' tensor {hf_to_gguf[name]!r} has shape {list(got)} but its metadata implies "
+                f"GGUF '{path.name}' tensor {name!r} has shape {list(got)} but its metadata implies "
                 f"{list(shape)}; the file's metadata and tensors disagree, so re-export it"
             )
 
@@ -100,14 +78,14 @@ def load_gguf(path: Path, progress: Callable[[str], None] | None = None) -> Load
     say("rebuilding the tokenizer from GGUF metadata")
     tokenizer_json = build_tokenizer_json(metadata)
 
-    say(f"dequantizing {len(names)} tensors to float32")
+    say(f"dequantizing {len(shapes)} tensors to float32")
+    heads = {Tensor.ATTN_Q: config.num_heads, Tensor.ATTN_K: config.num_kv_heads} if arch.gguf_permutes_qk else {}
     weights: dict[str, np.ndarray] = {}
-    for name in names:
-        w = _dequantize(tensors[hf_to_gguf[name]], path)
-        if name.endswith("self_attn.q_proj.weight"):
-            w = unpermute_qk(w, config.num_heads)
-        elif name.endswith("self_attn.k_proj.weight"):
-            w = unpermute_qk(w, config.num_kv_heads)
+    for name in shapes:
+        w = _dequantize(tensors[name], path)
+        kind = parse(name)[0]
+        if kind in heads:
+            w = unpermute_qk(w, heads[kind])
         weights[name] = frozen_fp32(w)
     say(f"hashing {path.name}")
     return LoadedModel(
@@ -184,54 +162,42 @@ def _field_value(field: Any, path: Path) -> Any:
         ) from exc
 
 
-def _check_tensor_names(tensors: dict[str, Any], path: Path) -> None:
-    """Refuse tensors a plain bias-free, dense Llama does not have, naming the feature."""
+def _check_tensor_names(arch: Architecture, tensors: dict[str, Any], expected: dict[str, tuple], path: Path) -> None:
+    """Refuse tensors the architecture does not have, naming the feature where one is recognisable."""
     for name in tensors:
-        if name in _GLOBAL_TENSORS or name == ROPE_FREQS:
+        if name in expected or name == ROPE_FREQS:
             continue
-        m = _LAYER_NAME.fullmatch(name)
-        kind = m.group(2) if m else None
-        if m and m.group(3) == "weight" and kind in _LAYER_TENSORS:
-            continue
-        if m and m.group(3) == "bias" and kind in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            feature = "attention_bias"
-        elif m and m.group(3) == "bias" and kind in ("ffn_gate", "ffn_up", "ffn_down"):
-            feature = "mlp_bias"
-        elif kind and "exps" in kind or kind == "ffn_gate_inp":
+        if name.endswith(".bias"):
+            feature = "biases"
+        elif "exps" in name or "ffn_gate_inp" in name:
             feature = "mixture-of-experts layers"
         else:
-            raise UnsupportedModel(
-                f"GGUF '{path.name}' has tensor {name!r}, which a plain Llama model does not have; "
-                "only dense, bias-free Llama models are supported"
-            )
+            feature = "this tensor"
         raise UnsupportedModel(
-            f"GGUF '{path.name}' has tensor {name!r}: grokc's Llama graph does not support {feature}; "
-            "only dense, bias-free Llama models are supported"
+            f"GGUF '{path.name}' has tensor {name!r}, but grokc's {arch.name} graph has no {feature}; "
+            "the file is not of the family its general.architecture names"
         )
 
 
-def _hf_to_gguf_names(config: ModelConfig) -> dict[str, str]:
-    out = {hf: g for g, hf in _GLOBAL_TENSORS.items()}
-    for i in range(config.num_layers):
-        out.update({f"model.layers.{i}.{hf}.weight": f"blk.{i}.{g}.weight" for g, hf in _LAYER_TENSORS.items()})
-    return out
+def _config_from_metadata(arch: Architecture, metadata: dict[str, Any], tensors: dict[str, Any],
+                          path: Path) -> ModelConfig:
+    prefix = arch.gguf_arch
 
-
-def _config_from_metadata(metadata: dict[str, Any], tensors: dict[str, Any], path: Path) -> ModelConfig:
     def key(name: str, default: Any = ...) -> Any:
-        full = f"{ARCH}.{name}"
+        full = f"{prefix}.{name}"
         if full in metadata:
             return metadata[full]
         if default is ...:
             raise UnsupportedModel(
-                f"GGUF '{path.name}' lacks metadata key {full!r} that a Llama model needs; the file is incomplete, re-export it"
+                f"GGUF '{path.name}' lacks metadata key {full!r} that a {arch.name} model needs; the file is "
+                "incomplete, re-export it"
             )
         return default
 
     if key("expert_count", 0):
         raise UnsupportedModel(
-            f"GGUF '{path.name}' is a mixture-of-experts model ({ARCH}.expert_count = {key('expert_count')}); "
-            "only dense Llama models are supported"
+            f"GGUF '{path.name}' is a mixture-of-experts model ({prefix}.expert_count = {key('expert_count')}); "
+            "only dense models are supported"
         )
     hidden = key("embedding_length")
     num_heads = key("attention.head_count")
@@ -239,7 +205,7 @@ def _config_from_metadata(metadata: dict[str, Any], tensors: dict[str, Any], pat
     if isinstance(num_kv_heads, list):  # per-layer counts: fine only when all equal
         if len(set(num_kv_heads)) != 1:
             raise UnsupportedModel(
-                f"GGUF '{path.name}' has per-layer {ARCH}.attention.head_count_kv {sorted(set(num_kv_heads))}; "
+                f"GGUF '{path.name}' has per-layer {prefix}.attention.head_count_kv {sorted(set(num_kv_heads))}; "
                 "only models with one KV head count for all layers are supported"
             )
         num_kv_heads = num_kv_heads[0]
@@ -249,7 +215,7 @@ def _config_from_metadata(metadata: dict[str, Any], tensors: dict[str, Any], pat
     if value_dim != head_dim or rope_dim != head_dim:
         raise UnsupportedModel(
             f"GGUF '{path.name}' has head_dim {head_dim} but value length {value_dim} and rotary dimension "
-            f"{rope_dim}; only Llama models with full-width rotary embeddings and equal key/value head sizes are supported"
+            f"{rope_dim}; only models with full-width rotary embeddings and equal key/value head sizes are supported"
         )
     tokens = metadata.get("tokenizer.ggml.tokens")
     vocab_size = key("vocab_size", len(tokens) if tokens is not None else None)
@@ -267,18 +233,20 @@ def _config_from_metadata(metadata: dict[str, Any], tensors: dict[str, Any], pat
             num_kv_heads=int(num_kv_heads),
             head_dim=int(head_dim),
             rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
-            rope=_rope_from_metadata(key, tensors, int(head_dim), path),
+            rope=_rope_from_metadata(key, tensors, int(head_dim), path, prefix),
             max_position_embeddings=int(key("context_length")),
             tie_word_embeddings="output.weight" not in tensors,
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos_ids if e is not None)),
-            architecture=ARCH,
+            architecture=arch.name,
+            **arch.gguf_config(key, f"GGUF '{path.name}'"),
         )
     except ValueError as exc:  # ModelConfig's own consistency checks
-        raise UnsupportedModel(f"GGUF '{path.name}' describes an inconsistent Llama model: {exc}") from exc
+        raise UnsupportedModel(f"GGUF '{path.name}' describes an inconsistent {arch.name} model: {exc}") from exc
 
 
-def _rope_from_metadata(key: Callable[..., Any], tensors: dict[str, Any], head_dim: int, path: Path) -> RopeConfig:
+def _rope_from_metadata(key: Callable[..., Any], tensors: dict[str, Any], head_dim: int, path: Path,
+                        arch_prefix: str) -> RopeConfig:
     theta = float(key("rope.freq_base", 10000.0))
     scaling = key("rope.scaling.type", "none")
     factor = float(key("rope.scaling.factor", 1.0))
@@ -287,7 +255,7 @@ def _rope_from_metadata(key: Callable[..., Any], tensors: dict[str, Any], head_d
     has_freqs = ROPE_FREQS in tensors
     if has_freqs and scaling != "none":
         raise UnsupportedModel(
-            f"GGUF '{path.name}' has both {ARCH}.rope.scaling.type {scaling!r} and a {ROPE_FREQS} table; "
+            f"GGUF '{path.name}' has both {arch_prefix}.rope.scaling.type {scaling!r} and a {ROPE_FREQS} table; "
             "only one form of rope scaling is supported"
         )
     if has_freqs:
@@ -301,7 +269,7 @@ def _rope_from_metadata(key: Callable[..., Any], tensors: dict[str, Any], head_d
     if scaling == "yarn":
         if key("rope.scaling.yarn_log_multiplier", 0.0):
             raise UnsupportedModel(
-                f"GGUF '{path.name}' sets {ARCH}.rope.scaling.yarn_log_multiplier "
+                f"GGUF '{path.name}' sets {arch_prefix}.rope.scaling.yarn_log_multiplier "
                 f"{key('rope.scaling.yarn_log_multiplier')}; only plain yarn rope scaling is supported"
             )
         attn = key("rope.scaling.attn_factor", None)
@@ -315,7 +283,7 @@ def _rope_from_metadata(key: Callable[..., Any], tensors: dict[str, Any], head_d
             attention_factor=None if attn is None else float(attn),
         )
     raise UnsupportedModel(
-        f"GGUF '{path.name}' uses {ARCH}.rope.scaling.type {scaling!r}; supported: none, linear, yarn, "
+        f"GGUF '{path.name}' uses {arch_prefix}.rope.scaling.type {scaling!r}; supported: none, linear, yarn, "
         f"and llama3 (as a {ROPE_FREQS} table)"
     )
 

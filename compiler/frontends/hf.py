@@ -1,13 +1,15 @@
 """Hugging Face frontend: a folder with config.json, *.safetensors and tokenizer.json -> ``LoadedModel``.
 
-Accepted: ``model_type`` "llama" (``LlamaForCausalLM``), and "mistral" (``MistralForCausalLM``)
-without a sliding window shorter than the context, which is the same network. Refused with one
-``UnsupportedModel`` line: other architectures, ``attention_bias`` / ``mlp_bias``, an activation
-other than SiLU, partial rotary embeddings, rope scaling other than default/linear/llama3/yarn,
-missing or unexpected tensors, a folder without safetensors or tokenizer.json.
+Accepted: a ``model_type`` that one of ``compiler/models``' architectures reads, whose
+``architectures`` classes it accepts; the keys every Llama-like config has are read here, the
+family's own by its ``hf_config`` hook, which refuses what its graph lacks. Refused with one
+``UnsupportedModel`` line: other architectures, partial rotary embeddings, rope scaling other
+than default/linear/llama3/yarn, missing or unexpected tensors, a folder without safetensors or
+tokenizer.json.
 
 Weights: every tensor of the safetensors files (those listed in ``model.safetensors.index.json``
-when it exists, else every ``*.safetensors`` in the folder), converted to float32 numpy. A tied
+when it exists, else every ``*.safetensors`` in the folder), converted to float32 numpy and
+renamed to the canonical names through the architecture's Hugging Face name table. A tied
 ``lm_head.weight`` found in the files is dropped, as the GGUF frontend never has one.
 
 ``tokenizer_json`` is the text of ``tokenizer.json``; ``chat_template`` comes from
@@ -29,13 +31,12 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from grokc.compiler.frontends import LoadedModel, check_weight_shapes, file_sha256, weight_names
+from grokc.compiler import models
+from grokc.compiler.frontends import LoadedModel, check_weight_shapes, file_sha256
 from grokc.core.config import ModelConfig, RopeConfig, RopeType
 from grokc.core.errors import UnsupportedModel
 
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
 _ROPE_TYPES = {"default": RopeType.DEFAULT, "linear": RopeType.LINEAR, "llama3": RopeType.LLAMA3, "yarn": RopeType.YARN}
-_BIAS = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.\w+\.bias")
 # Non-persistent buffers some older checkpoints still carry.
 _ROTARY_BUFFER = re.compile(r"(model\.)?(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq")
 # Files whose bytes, besides the safetensors, decide what the loaded model is.
@@ -100,30 +101,18 @@ def folder_sha256(folder: Path, files: list[str] | None = None) -> str:
 def config_from_hf(raw: dict[str, Any], folder: Path, generation: dict[str, Any] | None = None) -> ModelConfig:
     """``ModelConfig`` from a Hugging Face ``config.json`` dict, refusing what grokc cannot compile."""
     where = f"config.json in '{folder}'"
-    model_type = raw.get("model_type")
-    architectures = raw.get("architectures") or []
-    if model_type not in _ARCHITECTURES or any(a != _ARCHITECTURES[model_type] for a in architectures):
-        found = f"model_type {model_type!r}" + (f", architectures {architectures}" if architectures else "")
-        raise UnsupportedModel(
-            f"{where} declares {found}; only the Llama family (model_type 'llama', LlamaForCausalLM) is supported"
-        )
-    for flag in ("attention_bias", "mlp_bias"):
-        if raw.get(flag):
-            raise UnsupportedModel(f"{where} sets {flag}=true; grokc's Llama graph has no biases, so only bias-free models are supported")
+    arch = models.for_hf(raw.get("model_type"), where)
+    classes = raw.get("architectures") or []
+    if any(c not in arch.hf_classes for c in classes):
+        raise UnsupportedModel(f"{where} declares architectures {classes}; the {arch.name} family reads "
+                               f"{', '.join(arch.hf_classes)}")
     quant = (raw.get("quantization_config") or {}).get("quant_method")
     if quant not in (None, "gguf"):  # "gguf": saved from a GGUF load by transformers, plain float weights
         raise UnsupportedModel(
             f"{where} is a pre-quantized checkpoint (quant_method {quant!r}); load the unquantized fp16/bf16/fp32 model instead"
         )
-    act = raw.get("hidden_act", "silu")
-    if act != "silu":
-        raise UnsupportedModel(f"{where} sets hidden_act {act!r}; only SiLU (SwiGLU) Llama MLPs are supported")
+    extra = arch.hf_config(raw, where)
     max_pos = int(raw.get("max_position_embeddings", 2048))
-    window = raw.get("sliding_window")
-    if model_type == "mistral" and window is not None and window < max_pos:
-        raise UnsupportedModel(
-            f"{where} sets sliding_window {window} below max_position_embeddings {max_pos}; sliding-window attention is not supported"
-        )
     hidden = int(raw["hidden_size"])
     heads = int(raw["num_attention_heads"])
     eos = _ids(raw.get("eos_token_id")) + _ids((generation or {}).get("eos_token_id"))
@@ -143,12 +132,13 @@ def config_from_hf(raw: dict[str, Any], folder: Path, generation: dict[str, Any]
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(dict.fromkeys(eos)),
-            architecture="llama",
+            architecture=arch.name,
+            **extra,
         )
     except KeyError as exc:
-        raise UnsupportedModel(f"{where} lacks {exc.args[0]!r}, which every Llama config has; re-export the model") from exc
+        raise UnsupportedModel(f"{where} lacks {exc.args[0]!r}, which every {arch.name} config has; re-export the model") from exc
     except ValueError as exc:  # ModelConfig's own consistency checks
-        raise UnsupportedModel(f"{where} describes an inconsistent Llama model: {exc}") from exc
+        raise UnsupportedModel(f"{where} describes an inconsistent {arch.name} model: {exc}") from exc
 
 
 def _rope_from_hf(raw: dict[str, Any], where: str) -> RopeConfig:
@@ -178,8 +168,8 @@ def _rope_from_hf(raw: dict[str, Any], where: str) -> RopeConfig:
 
 
 def _read_weights(folder: Path, files: list[str], config: ModelConfig) -> dict[str, np.ndarray]:
-    expected = weight_names(config)
-    wanted = set(expected)
+    arch = models.get(config.architecture)
+    canonical = arch.hf_to_canonical(config)
     found: dict[str, np.ndarray] = {}
     for file in files:
         try:
@@ -188,26 +178,22 @@ def _read_weights(folder: Path, files: list[str], config: ModelConfig) -> dict[s
             raise UnsupportedModel(f"cannot read safetensors file '{folder / file}' ({exc}); re-download it") from exc
         with handle as f:
             for name in f.keys():
-                if name in wanted:
-                    found[name] = _to_fp32(f.get_tensor(name))
+                if name in canonical:
+                    found[canonical[name]] = _to_fp32(f.get_tensor(name))
                 elif (name == "lm_head.weight" and config.tie_word_embeddings) or _ROTARY_BUFFER.fullmatch(name):
                     continue
-                elif _BIAS.fullmatch(name):
-                    feature = "attention_bias" if ".self_attn." in name else "mlp_bias"
-                    raise UnsupportedModel(
-                        f"'{folder / file}' holds {name!r}: grokc's Llama graph does not support {feature}; "
-                        "only bias-free Llama models are supported"
-                    )
                 else:
+                    feature = " (a bias)" if name.endswith(".bias") else ""
                     raise UnsupportedModel(
-                        f"'{folder / file}' holds tensor {name!r}, which a plain Llama model does not have; "
-                        "only dense, bias-free Llama models are supported"
+                        f"'{folder / file}' holds tensor {name!r}{feature}, which a {arch.name} model does not have; "
+                        "the checkpoint is not of the family its config.json names"
                     )
-    missing = [n for n in expected if n not in found]
+    expected = arch.weight_shapes(config)
+    missing = [hf for hf, c in canonical.items() if c not in found]
     if missing:
         raise UnsupportedModel(
             f"folder '{folder}' lacks weight {missing[0]!r} ({len(missing)} missing in all) that a "
-            f"{config.num_layers}-layer Llama needs; check the safetensors files are complete"
+            f"{config.num_layers}-layer {arch.name} model needs; check the safetensors files are complete"
         )
     return {name: found[name] for name in expected}
 

@@ -1,11 +1,15 @@
-"""grokc's Llama, in torch: the rung of the correctness ladder between Hugging Face and the plan.
+"""The Llama family (Llama 2/3.x, SmolLM, Mistral without a sliding window): its architecture
+record and grokc's torch model of it, the rung of the correctness ladder between Hugging Face and
+the plan.
 
-Written in the composite ops of ``ops.py`` plus ``linear``/``embedding``/``silu``/``add``/``mul``
-so that ``torch.export`` yields a graph the compiler reads op for op. Parameter names are the
-canonical ones of ``compiler/names.py`` (llama.cpp's: ``blk.3.attn_q.weight``).
+The model is written in the composite ops of ``ops.py`` plus ``linear``/``embedding``/``silu``/
+``add``/``mul`` so that ``torch.export`` yields a graph the compiler reads op for op. Parameter
+names are the canonical ones of ``core/tensors.py`` (llama.cpp's: ``blk.3.attn_q.weight``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -13,8 +17,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from grokc.compiler.models import ops  # noqa: F401  (registers torch.ops.grokc.*)
+from grokc.compiler.models.architecture import Architecture, TensorSpec
 from grokc.core import rope as rope_math
 from grokc.core.config import ModelConfig
+from grokc.core.errors import UnsupportedModel
+from grokc.core.tensors import Tensor
 
 
 def model_buffers(cfg: ModelConfig) -> dict[str, np.ndarray]:
@@ -72,6 +79,11 @@ class Llama(nn.Module):
         for name, value in model_buffers(cfg).items():
             self.register_buffer(name, torch.from_numpy(value.copy()), persistent=False)
 
+    @staticmethod
+    def constants(cfg: ModelConfig) -> dict[str, np.ndarray]:
+        """The constants the model derives from its config, by name (the tracer attaches them)."""
+        return model_buffers(cfg)
+
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``tokens``, ``positions`` [T] -> logits [T, vocab] for one sequence."""
         h = self.token_embd(tokens)                                                    # [T, H]
@@ -80,3 +92,50 @@ class Llama(nn.Module):
         h = self.output_norm(h)
         head = self.token_embd.weight if self.output is None else self.output.weight
         return F.linear(h, head)                                                       # [T, V]
+
+
+def _hf_config(raw: dict, where: str) -> dict:
+    """The Llama graph has no biases, SwiGLU MLPs only, and attends over the whole context."""
+    for flag in ("attention_bias", "mlp_bias"):
+        if raw.get(flag):
+            raise UnsupportedModel(f"{where} sets {flag}=true; the Llama graph has no biases, so only bias-free "
+                                   "Llama models are supported")
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise UnsupportedModel(f"{where} sets hidden_act {act!r}; only SiLU (SwiGLU) Llama MLPs are supported")
+    window, max_pos = raw.get("sliding_window"), int(raw.get("max_position_embeddings", 2048))
+    if raw.get("model_type") == "mistral" and window is not None and window < max_pos:
+        raise UnsupportedModel(f"{where} sets sliding_window {window} below max_position_embeddings {max_pos}; "
+                               "sliding-window attention is not supported")
+    return {}
+
+
+def _linear(rows: Callable[[ModelConfig], int], cols: Callable[[ModelConfig], int]) -> Callable:
+    return lambda c: (rows(c), cols(c))
+
+
+_H = lambda c: c.hidden_size  # noqa: E731
+
+ARCH = Architecture(
+    name="llama",
+    hf_model_types=("llama", "mistral"),
+    hf_classes=("LlamaForCausalLM", "MistralForCausalLM"),
+    gguf_arch="llama",
+    tensors=(
+        TensorSpec(Tensor.TOKEN_EMBD, lambda c: (c.vocab_size, c.hidden_size)),
+        TensorSpec(Tensor.ATTN_NORM, lambda c: (c.hidden_size,)),
+        TensorSpec(Tensor.ATTN_Q, _linear(lambda c: c.q_dim, _H)),
+        TensorSpec(Tensor.ATTN_K, _linear(lambda c: c.kv_dim, _H)),
+        TensorSpec(Tensor.ATTN_V, _linear(lambda c: c.kv_dim, _H)),
+        TensorSpec(Tensor.ATTN_OUTPUT, _linear(_H, lambda c: c.q_dim)),
+        TensorSpec(Tensor.FFN_NORM, lambda c: (c.hidden_size,)),
+        TensorSpec(Tensor.FFN_GATE, _linear(lambda c: c.intermediate_size, _H)),
+        TensorSpec(Tensor.FFN_UP, _linear(lambda c: c.intermediate_size, _H)),
+        TensorSpec(Tensor.FFN_DOWN, _linear(_H, lambda c: c.intermediate_size)),
+        TensorSpec(Tensor.OUTPUT_NORM, lambda c: (c.hidden_size,)),
+        TensorSpec(Tensor.OUTPUT, lambda c: (c.vocab_size, c.hidden_size), present=lambda c: not c.tie_word_embeddings),
+    ),
+    model=Llama,
+    hf_config=_hf_config,
+    gguf_permutes_qk=True,
+)

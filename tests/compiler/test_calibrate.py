@@ -59,7 +59,7 @@ def test_hessians_are_the_second_moments_of_each_linear_input(tiny):
     got = collect(model, wins)
     n_layers = tiny.config.num_layers
     kinds = ("attn_q", "attn_output", "ffn_gate", "ffn_down")
-    assert set(got) == {names.layer(i, k) for i in range(n_layers) for k in kinds} | {names.LM_HEAD}
+    assert set(got) == {names.name(names.Tensor(k), i) for i in range(n_layers) for k in kinds} | {names.LM_HEAD}
     # Block 0's q/k/v input and the LM head's input, computed here without hooks.
     with torch.no_grad():
         h = [model.token_embd(torch.tensor(w)) for w in wins]
@@ -67,7 +67,7 @@ def test_hessians_are_the_second_moments_of_each_linear_input(tiny):
         for block in model.blk:
             h = [block(x, torch.arange(len(x), dtype=torch.int32), model.rope_inv_freq, model.mscale) for x in h]
         xh = torch.cat([model.output_norm(x) for x in h]).double()
-    np.testing.assert_allclose(got[names.layer(0, "attn_q")], (x0.T @ x0 / len(x0)).numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[names.name(names.Tensor("attn_q"), 0)], (x0.T @ x0 / len(x0)).numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got[names.LM_HEAD], (xh.T @ xh / len(xh)).numpy(), rtol=1e-5, atol=1e-6)
     for key, hess in got.items():
         assert hess.dtype == np.float32 and np.allclose(hess, hess.T) and np.all(np.diag(hess) >= 0), key
@@ -78,9 +78,9 @@ def test_sequential_sees_the_quantized_blocks_before(tiny):
     plain = collect(reference_model(tiny.config, tiny.weights).requires_grad_(False), wins)
     coarse = lambda name, w, h: np.round(w * 4) / 4   # a crude "quantizer", to see it propagate
     seq = collect(reference_model(tiny.config, tiny.weights).requires_grad_(False), wins, coarse)
-    first = names.layer(0, "attn_q")
+    first = names.name(names.Tensor("attn_q"), 0)
     np.testing.assert_array_equal(seq[first], plain[first])   # block 0 reads the embeddings either way
-    assert not np.allclose(seq[names.layer(1, "attn_q")], plain[names.layer(1, "attn_q")])
+    assert not np.allclose(seq[names.name(names.Tensor("attn_q"), 1)], plain[names.name(names.Tensor("attn_q"), 1)])
 
 
 def test_the_pass_quantizes_fused_weights_with_the_shared_input_statistics(tiny):
@@ -90,8 +90,8 @@ def test_the_pass_quantizes_fused_weights_with_the_shared_input_statistics(tiny)
     module = compile_loaded(tiny, CompileOptions(StaticShapes(2, (16,), 64, 0), recipe, calib))
     assert module.meta.quant.calibration == dict(calib.info)
     params, w = module.params, tiny.weights
-    qkv = np.concatenate([w[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"])
-    codes, scales, zeros = quantize_gptq(qkv, calib.hessians[names.layer(1, "attn_q")], 0, False,
+    qkv = np.concatenate([w[f"blk.1.attn_{p}.weight"] for p in "qkv"])
+    codes, scales, zeros = quantize_gptq(qkv, calib.hessians[names.name(names.Tensor("attn_q"), 1)], 0, False,
                                          act_order=True, clip_search=True)
     np.testing.assert_array_equal(params["blk.1.attn_qkv.scales"], scales)
     np.testing.assert_array_equal(params["blk.1.attn_qkv.zeros"], zeros)
@@ -103,7 +103,7 @@ def test_the_pass_quantizes_fused_weights_with_the_shared_input_statistics(tiny)
 def test_a_calibrated_recipe_without_statistics_is_refused(tiny):
     with pytest.raises(BuildOptionError, match="no calibration statistics"):
         compile_loaded(tiny, CompileOptions(StaticShapes(2, (16,), 64, 0), QUANT["int4"]))
-    short = Calibration({names.layer(0, "attn_q"): np.eye(64, dtype=np.float32)})
+    short = Calibration({names.name(names.Tensor("attn_q"), 0): np.eye(64, dtype=np.float32)})
     with pytest.raises(BuildOptionError, match="lack"):
         compile_loaded(tiny, CompileOptions(StaticShapes(2, (16,), 64, 0), QUANT["int4"], short))
 
@@ -120,7 +120,7 @@ def test_int4_lm_head_is_calibrated_on_the_final_norm_output(tiny):
     head = [n for g in module.graphs.values() for n in g.nodes if n.op is OpKind.LINEAR and n.outputs[0] in g.outputs]
     assert head and all(n.attrs.weight_format is WeightFormat.Q4 and n.inputs["qweight"] == "output.qweight" for n in head)
     assert module.params["token_embd.weight"].dtype == np.float16   # the embedding table stays f16 (tied head)
-    codes, scales, zeros = quantize_gptq(tiny.weights["model.embed_tokens.weight"], calib.hessians[names.LM_HEAD], 0,
+    codes, scales, zeros = quantize_gptq(tiny.weights["token_embd.weight"], calib.hessians[names.LM_HEAD], 0,
                                          False, act_order=True, clip_search=True)
     np.testing.assert_array_equal(int4.unpack(module.params["output.qweight"]), codes)
     w = stored_weights(module)

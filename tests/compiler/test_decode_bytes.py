@@ -9,7 +9,6 @@ the test checks) count the same bytes at the same context. The other weights' co
 from grokc.artifacts.store import open_artifact
 from grokc.cli.bench import decode_bytes
 from grokc.compiler.build import BuildOptions, build_loaded
-from grokc.core.config import ModelConfig
 
 
 def test_one_rope_row_per_attention_launch(tiny_model, tmp_path):

@@ -23,7 +23,6 @@ from tiny_llama import tiny_config, tiny_loaded
 from grokc.artifacts.store import open_artifact
 from grokc.cli.bench import decode_bytes
 from grokc.compiler.build import BuildOptions, build_loaded
-from grokc.core.config import ModelConfig
 from grokc.runner.engine import Engine, SamplingParams
 from grokc.runner.session import Backend, make_executor
 from grokc.targets import rules_mlp

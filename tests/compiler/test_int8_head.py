@@ -68,7 +68,7 @@ def test_int8_head_logits_differ_from_the_f16_heads_by_the_int8_step(head8_artif
     got = np.stack(Runner(head8_artifacts / name, device="cpu").engine.score(sequences()))
     f16 = np.stack(Runner(head8_artifacts / base, device="cpu").engine.score(sequences()))
     ratio = np.sqrt(((got - f16) ** 2).mean() / (f16 ** 2).mean())
-    want = expected_ratio(tiny_model.weights["model.embed_tokens.weight"], kw.get("symmetric", True))
+    want = expected_ratio(tiny_model.weights["token_embd.weight"], kw.get("symmetric", True))
     assert want / 2 < ratio < 2 * want, f"{name}: logits moved {ratio:.3g} of their RMS, int8 steps predict {want:.3g}"
     assert (got.argmax(-1) == f16.argmax(-1)).mean() > 0.95
 
@@ -84,7 +84,7 @@ def test_int8_head_plan_matches_torch_on_the_stored_codes(head8_artifacts, tiny_
              if any(a.weight == "output.q8weight" for a in l.args)]
     assert len(heads) == 1 and heads[0].attrs["weight_format"] == "q8" and heads[0].kernel.startswith("linear_gemv2_q8_")
     weights = stored_weights(runner, tiny_model)
-    weights["lm_head.weight"] = int8_head(art)
+    weights["output.weight"] = int8_head(art)
     model = reference_model(tiny_model.config, weights)
     for seq, g in zip(sequences(), runner.engine.score(sequences())):
         want = reference_logits(model, seq)

@@ -10,14 +10,13 @@ import pytest
 
 from grokc.abi import int4
 from grokc.compiler.quality import reference_logits, reference_model
-from grokc.core.tensors import from_hf
 from grokc.runner import Runner, SamplingParams
 
 TOL = 2e-2
 
 
 def stored_weights(runner: Runner, loaded, residual: bool = True) -> dict[str, np.ndarray]:
-    """HF-named f32 weights as the artifact stores them (fused tensors split back; without any fp16
+    """Canonically named f32 weights as the artifact stores them (fused tensors split back; without any fp16
     residual when ``residual`` is False)."""
     art = runner.artifact.weights()
     c = loaded.config
@@ -37,21 +36,20 @@ def stored_weights(runner: Runner, loaded, residual: bool = True) -> dict[str, n
         return np.asarray(art[f"{base}.weight"], dtype=np.float32)
 
     out = {}
-    for hf_name in loaded.weights:
-        canon = from_hf(hf_name)
+    for canon in loaded.weights:
         layer, _, kind = canon.removeprefix("blk.").partition(".")
         kind = kind.removesuffix(".weight")
         if kind in ("attn_q", "attn_k", "attn_v"):
             qkv = dense(f"blk.{layer}.attn_qkv")
             start = {"attn_q": 0, "attn_k": c.q_dim, "attn_v": c.q_dim + c.kv_dim}[kind]
-            out[hf_name] = qkv[start:start + (c.q_dim if kind == "attn_q" else c.kv_dim)]
+            out[canon] = qkv[start:start + (c.q_dim if kind == "attn_q" else c.kv_dim)]
         elif kind in ("ffn_gate", "ffn_up"):
             gu = dense(f"blk.{layer}.ffn_gate_up")
-            out[hf_name] = gu[: c.intermediate_size] if kind == "ffn_gate" else gu[c.intermediate_size:]
+            out[canon] = gu[: c.intermediate_size] if kind == "ffn_gate" else gu[c.intermediate_size:]
         else:
-            out[hf_name] = dense(canon.removesuffix(".weight"))
+            out[canon] = dense(canon.removesuffix(".weight"))
     if "output.qweight" in art:                  # an int4 LM head of its own (tied in the source)
-        out["lm_head.weight"] = dense("output")
+        out["output.weight"] = dense("output")
     return out
 
 

@@ -22,9 +22,7 @@ from test_plan_vs_torch import (
 from grokc.cli.bench import decode_bytes
 from grokc.cli.inspect import describe, render
 from grokc.compiler.build import BuildOptions, build, build_loaded
-from grokc.compiler.quality import reference_logits, torch_llama
-from grokc.core.config import ModelConfig
-from grokc.core.tensors import from_hf
+from grokc.compiler.quality import reference_logits, reference_model
 from grokc.runner import Runner
 
 TOL = 2e-2
@@ -68,12 +66,11 @@ def stored_table(art: dict, gs: int) -> np.ndarray:
 def reference(runner: Runner, loaded, table: np.ndarray):
     """grokc's torch model on the weights the artifact stores, with ``table`` as the embedding."""
     art = runner.artifact.weights()
-    linears = replace(loaded, weights={k: v for k, v in loaded.weights.items() if k != "model.embed_tokens.weight"})
-    hf = stored_weights(runner, linears)
-    weights = {from_hf(k): v for k, v in hf.items()}
+    linears = replace(loaded, weights={k: v for k, v in loaded.weights.items() if k != "token_embd.weight"})
+    weights = stored_weights(runner, linears)
     weights["token_embd.weight"] = table
     weights["output.weight"] = np.asarray(art["output.weight"], np.float32)   # the tied head's own f16 copy
-    return torch_llama(loaded.config, weights)
+    return reference_model(loaded.config, weights)
 
 
 def max_rel_err(runner: Runner, model) -> float:
@@ -93,7 +90,7 @@ def test_plan_logits_match_torch_on_the_dequantized_table(emb_artifacts, tiny_mo
     assert quant["embeddings"] == {"emb-int4": "q4", "emb-int8": "q8"}[name]
     assert "token_embd.weight" not in art           # the embedding reads codes only
     table = stored_table(art, 32 if name == "emb-int4" else 0)
-    source = tiny_model.weights["model.embed_tokens.weight"]
+    source = tiny_model.weights["token_embd.weight"]
     np.testing.assert_array_equal(art["output.weight"], source.astype(np.float16))   # tied head: f16 table
     step = {"emb-int4": 15, "emb-int8": 127}[name]
     assert np.abs(table - source).max() < 2 * np.abs(source).max() / step            # codes of the source table
@@ -103,7 +100,7 @@ def test_plan_logits_match_torch_on_the_dequantized_table(emb_artifacts, tiny_mo
 def test_the_check_sees_the_quantized_table(emb_artifacts, tiny_model):
     """Fed the f16 source table instead, the reference is far from what the int4-embedding plan computes."""
     runner = Runner(emb_artifacts / "emb-int4", device="cpu")
-    f16 = tiny_model.weights["model.embed_tokens.weight"].astype(np.float16).astype(np.float32)
+    f16 = tiny_model.weights["token_embd.weight"].astype(np.float16).astype(np.float32)
     assert max_rel_err(runner, reference(runner, tiny_model, f16)) > 5 * TOL
 
 

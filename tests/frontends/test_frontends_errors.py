@@ -67,17 +67,17 @@ def test_gguf_cut_inside_the_last_tensor(tmp_path, tiny_gguf):
 
 
 def test_gguf_other_architecture(tiny_gguf):
-    refusal(tiny_gguf(arch="qwen2"), "'qwen2'", "only the Llama family")
+    refusal(tiny_gguf(arch="mamba"), "'mamba'", "supported: llama")
 
 
 def test_gguf_attention_bias(tiny_gguf):
     path = tiny_gguf(extra_tensors={"blk.0.attn_q.bias": np.zeros(64, np.float32)})
-    refusal(path, "'blk.0.attn_q.bias'", "attention_bias")
+    refusal(path, "'blk.0.attn_q.bias'", "no biases")
 
 
 def test_gguf_mlp_bias(tiny_gguf):
     path = tiny_gguf(extra_tensors={"blk.1.ffn_up.bias": np.zeros(128, np.float32)})
-    refusal(path, "'blk.1.ffn_up.bias'", "mlp_bias")
+    refusal(path, "'blk.1.ffn_up.bias'", "no biases")
 
 
 def test_gguf_unknown_tensor(tiny_gguf):
@@ -124,7 +124,7 @@ def test_hf_tiny_folder_loads(tiny_hf):
 @pytest.mark.parametrize(
     "overrides,needles",
     [
-        ({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}, ("'qwen2'", "Qwen2ForCausalLM", "Llama family")),
+        ({"model_type": "mamba", "architectures": ["MambaForCausalLM"]}, ("'mamba'", "supported: llama")),
         ({"architectures": ["LlamaForSequenceClassification"]}, ("LlamaForSequenceClassification",)),
         ({"attention_bias": True}, ("attention_bias",)),
         ({"mlp_bias": True}, ("mlp_bias",)),
@@ -149,7 +149,7 @@ def test_hf_missing_tensor(tiny_hf):
 
 def test_hf_bias_tensor(tiny_hf):
     extra = {"model.layers.0.self_attn.q_proj.bias": torch.zeros(64)}
-    refusal(tiny_hf(extra_tensors=extra), "'model.layers.0.self_attn.q_proj.bias'", "attention_bias")
+    refusal(tiny_hf(extra_tensors=extra), "'model.layers.0.self_attn.q_proj.bias'", "(a bias)")
 
 
 def test_hf_without_tokenizer(tiny_hf):

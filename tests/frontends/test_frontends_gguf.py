@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from grokc.compiler.frontends import load_model, weight_names
+from grokc.compiler import models
+from grokc.compiler.frontends import load_model, weight_shapes
 from grokc.compiler.frontends.gguf import (
     llama3_rope_factors,
     llama3_rope_from_factors,
@@ -27,8 +28,10 @@ def _reference_state_dict(model) -> dict[str, np.ndarray]:
 
 def assert_weights_match_reference(loaded, model) -> None:
     ref = _reference_state_dict(model)
-    ours = dict(loaded.weights)
-    assert list(ours) == weight_names(loaded.config)
+    assert list(loaded.weights) == list(weight_shapes(loaded.config))
+    # canonical names back to transformers' own, through the architecture's name table
+    hf_of = {c: h for h, c in models.get(loaded.config.architecture).hf_to_canonical(loaded.config).items()}
+    ours = {hf_of[name]: arr for name, arr in loaded.weights.items()}
     if loaded.config.tie_word_embeddings:
         # transformers keeps a tied lm_head that *is* the embedding; we leave it out.
         assert set(ref) - set(ours) == {"lm_head.weight"}
@@ -107,7 +110,7 @@ def test_untied_tiny_gguf_matches_transformers(tiny_gguf):
     transformers = pytest.importorskip("transformers")
     path = tiny_gguf(tied=False)
     loaded = load_model(path)
-    assert not loaded.config.tie_word_embeddings and "lm_head.weight" in loaded.weights
+    assert not loaded.config.tie_word_embeddings and "output.weight" in loaded.weights
     ref = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     assert_weights_match_reference(loaded, ref)
     assert_config_matches_reference(loaded.config, ref.config)

@@ -13,6 +13,7 @@ from frontends_tiny import TEXTS, tiny_hf_config
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
+from grokc.compiler import models
 from grokc.compiler.frontends import load_model
 from grokc.compiler.frontends.hf import folder_sha256
 from grokc.core.config import RopeType
@@ -77,9 +78,12 @@ def test_bf16_weights_become_exact_fp32(tiny_hf):
     folder = tiny_hf(dtype=torch.bfloat16)
     loaded = load_model(folder)
     ref = load_file(str(folder / "model.safetensors"))
-    for name, arr in loaded.weights.items():
+    canonical = models.get(loaded.config.architecture).hf_to_canonical(loaded.config)
+    assert sorted(canonical.values()) == sorted(loaded.weights)
+    for hf, name in canonical.items():
+        arr = loaded.weights[name]
         assert arr.dtype == np.float32 and not arr.flags.writeable
-        assert np.array_equal(arr, ref[name].float().numpy()), name
+        assert np.array_equal(arr, ref[hf].float().numpy()), name
     assert loaded.chat_template == "{{ hf }}"
     assert not loaded.config.tie_word_embeddings and loaded.config.eos_token_ids == (0,)
 

@@ -5,13 +5,12 @@ from tiny_llama import tiny_config, tiny_weights
 
 from grokc.compiler.trace import trace_module
 from grokc.core.ir import Act, OpKind, verify
-from grokc.core.tensors import from_hf
 from grokc.passes import fuse_attention, fuse_epilogues, fuse_mlp
 
 
 def traced():
     cfg = tiny_config()
-    return trace_module(cfg, {from_hf(k): v for k, v in tiny_weights(cfg).items()})
+    return trace_module(cfg, tiny_weights(cfg))
 
 
 def test_layer_structure_after_fusion():

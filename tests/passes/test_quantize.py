@@ -2,12 +2,12 @@
 
 import numpy as np
 import pytest
+from quant_oracles import int8_reference
 
 from grokc.abi import int4, int8
 from grokc.core.ir import WeightFormat
 from grokc.quant.calibration import Calibration
 from grokc.quant.recipe import QuantRecipe, Rounding
-from quant_oracles import int8_reference
 from grokc.quant.weights import dequantized_embedding, dequantized_weight
 
 
@@ -15,10 +15,9 @@ def traced_tiny():
     from tiny_llama import tiny_config, tiny_weights
 
     from grokc.compiler.trace import trace_module
-    from grokc.core.tensors import from_hf
 
     cfg = tiny_config()   # tied LM head
-    return trace_module(cfg, {from_hf(k): v for k, v in tiny_weights(cfg).items()})
+    return trace_module(cfg, tiny_weights(cfg))
 
 
 @pytest.mark.parametrize("fmt,head", [(WeightFormat.Q4, WeightFormat.F16), (WeightFormat.Q8, WeightFormat.F16),

@@ -32,6 +32,35 @@ def call(m: int, n: int, k: int, act: str = "none", wf: str = "q4", out: str = "
                       {"M": m, "N": n, "K": k, "group_size": gs, "eps": 1e-5})
 
 
+# Dynamic shared memory of each family, written here from the pointer layout at the top of each
+# kernel (targets/kernels/linear_*.cuh), not from rules_linear's own formulas: bytes of f16 = 2,
+# of f32 = 4; a variant's tile parameters come from its symbol.
+def smem_gemv2(v, m: int, k: int, threads: int) -> int:
+    kp = -(-k // 128) * 128                                   # KP: K rounded up to 128 halves
+    xs, ns = m * kp * 2, kp * 2                               # xs [M][KP], ns [KP]
+    wsum = (threads // 32) * 8 * 4                            # [NWARP][MAXM = 8] f32
+    red = v.ks * m * (16 * v.r * v.wn) * 4 if v.ks > 1 else 0  # [KS][M][BR], BR = 16 R WN
+    return xs + ns + wsum + red
+
+
+def smem_gemv(v, m: int, k: int) -> int:
+    step_k = 4 * (8 if v.wf == "f16" else 32)                 # 4 lanes x one 16-byte chunk (8 halves / 32 codes)
+    round_k = step_k * v.ks * v.u
+    nrounds = -(-(-(-k // step_k)) // (v.ks * v.u))
+    slab_k = min(max(1, 64 * 1024 // (m * round_k * 2)), nrounds) * round_k   # X_BUDGET = 64 KiB
+    return m * slab_k * 2 + slab_k * 2 + v.ks * m * (8 * v.rg) * 4 + m * 4
+
+
+def smem_gemm(v) -> int:
+    bk = 64                                                   # gemm::BK, halves of k per stage
+    b_tile = v.bn * bk * 2 if v.wf == "f16" else v.bn * bk // 2
+    return v.stages * (v.bm * bk * 2 + b_tile + bk * 2) + v.bm * 4
+
+
+def smem_rows(v, k: int) -> int:
+    return (k // 8) * 16 + v.w * 4                            # xs: K/8 chunks of 16 bytes, wsum [W]
+
+
 def check_launch(c, m: int, n: int, k: int, act: str, target) -> None:
     """Grid covers the output, block and shared memory are within the target's limits."""
     v = rules_linear.parse(c.kernel)
@@ -41,24 +70,24 @@ def check_launch(c, m: int, n: int, k: int, act: str, target) -> None:
     assert 0 <= c.smem <= target.smem_per_block
     if isinstance(v, rules_linear.Rows):
         assert c.grid[1:] == (1, 1) and c.grid[0] == min(-(-n // v.w), target.num_sms * v.minb)
-        assert c.smem == v.smem(k) and threads == v.threads and m == 1
+        assert c.smem == smem_rows(v, k) and threads == v.threads and m == 1
         assert c.pdl == target.has(Feature.PDL)
     elif isinstance(v, rules_linear.Gemv2):
         assert c.grid[1:] == (1, 1) and v.blocks(n) == c.grid[0]
         assert (c.grid[0] - 1) * v.cols < n <= c.grid[0] * v.cols
-        assert c.smem == v.smem(m, k) and threads == v.threads
+        assert c.smem == smem_gemv2(v, m, k, threads) and threads == v.threads
         assert m <= rules_linear.GEMV2_MAX_M
         assert c.pdl == target.has(Feature.PDL)  # griddepcontrol after the first weight loads
     elif isinstance(v, rules_linear.Gemv):
         assert c.grid[1:] == (1, 1) and v.blocks(n) == c.grid[0]
         cols = 8 * v.rg // (2 if act == "silu_mul" else 1)
         assert (c.grid[0] - 1) * cols < n <= c.grid[0] * cols
-        assert c.smem == v.smem(m, k) and threads == v.threads
+        assert c.smem == smem_gemv(v, m, k) and threads == v.threads
         assert m <= v.mt
     elif isinstance(v, rules_linear.Gemm):
         cols = v.bn // (2 if act == "silu_mul" else 1)
         assert c.grid[0] * cols >= n and c.grid[1] * v.bm >= m and c.grid[2] == 1
-        assert c.smem == v.smem() and threads == v.threads
+        assert c.smem == smem_gemm(v) and threads == v.threads
     else:
         assert c.grid == (-(-n // 128), m, 1) and c.smem == 0
 
