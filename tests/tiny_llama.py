@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 
+from grokc.compiler import models
 from grokc.compiler.frontends import LoadedModel, weight_shapes
 from grokc.core.config import ModelConfig, RopeConfig
 
@@ -30,6 +31,12 @@ def tiny_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
             a = rng.standard_normal(shape) / np.sqrt(shape[1])
         out[name] = a.astype(np.float32)
     return out
+
+
+def hf_named(cfg: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``weights`` under their Hugging Face names (the architecture's name table), for transformers."""
+    hf_of = {c: h for h, c in models.get(cfg.architecture).hf_to_canonical(cfg).items()}
+    return {hf_of[name]: a for name, a in weights.items()}
 
 
 def tiny_tokenizer_json(vocab_size: int) -> str:

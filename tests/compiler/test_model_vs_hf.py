@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from tests_rope_configs import ROPES
-from tiny_llama import hf_config_dict, tiny_config, tiny_weights
+from tiny_llama import hf_config_dict, hf_named, tiny_config, tiny_weights
 
 from grokc.compiler.quality import reference_model
 
@@ -21,7 +21,7 @@ def test_torch_model_matches_transformers(rope, tied):
     cfg = tiny_config(rope=ROPES[rope], tie_word_embeddings=tied)
     weights = tiny_weights(cfg, seed=3)
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**hf_config_dict(cfg))).eval()
-    hf.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()}, strict=not tied)
+    hf.load_state_dict({k: torch.from_numpy(v) for k, v in hf_named(cfg, weights).items()}, strict=not tied)
     ours = reference_model(cfg, weights)
     tokens = torch.from_numpy(np.random.default_rng(1).integers(0, cfg.vocab_size, 300)).to(torch.int32)
     with torch.no_grad():

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from calib_tiny import byte_loaded
 from frontends.frontends_tiny import write_tiny_gguf
+from tokenizers import Tokenizer
 from typer.testing import CliRunner
 
 from grokc.cli.app import app
@@ -52,7 +53,7 @@ def test_stored_weights_are_what_the_module_stores():
     tiny = byte_loaded()
     fp16 = compile_loaded(tiny, CompileOptions(SHAPES, QUANT["fp16"]))
     stored = quality.stored_weights(fp16)
-    want = {names.from_hf(k): v for k, v in tiny.weights.items()}
+    want = dict(tiny.weights)
     assert set(stored) == set(want) | {names.LM_HEAD}
     for name, w in want.items():
         np.testing.assert_array_equal(stored[name], w.astype(np.float16).astype(np.float32), err_msg=name)
@@ -131,13 +132,18 @@ def test_teacher_forcing_survives_a_sampled_eos(tiny_artifacts, tiny_model):
 def test_fp16_residual_lowers_weight_and_logit_error(recipe):
     """A 2% residual brings every stored linear closer to the source weights, in the output error
     ``trace(E H E^T)`` (``E`` = stored - source, ``H`` = calibration second moment; what GPTQ
-    minimises) and, after round-to-nearest, plainly; and the logits closer to the unquantized
-    model's (KL and top-1 of the build's report)."""
+    minimises) and, after round-to-nearest, plainly; and the logits of the stored weights closer to
+    the unquantized model's, as the RMS of their difference over 1024 held-out tokens. (On gaussian
+    weights the 2% worst entries hold a few % of the squared error, so the logits move ~5 %: the
+    RMS sees that on every seed tried, while KL and top-1 over so few tokens are noisier than it.)"""
     tiny = byte_loaded()
     base = QUANT[recipe]
     calib = calibrate.calibrate(tiny, QUANT["int4"], CalibrationOptions(4, 64, 0, False))
-    source = {names.from_hf(k): v for k, v in tiny.weights.items()}
-    errors, reports = {}, {}
+    source = dict(tiny.weights)
+    wins = text.windows(Tokenizer.from_str(tiny.tokenizer_json).encode(text.pydoc_text("eval")).ids, 1024, 64)
+    reference = quality.reference_model(tiny.config, source)
+    want = np.concatenate([quality.reference_logits(reference, w) for w in wins])
+    errors, logit_err = {}, {}
     for budget in (0.0, 0.02):
         module = compile_loaded(tiny, CompileOptions(SHAPES, replace(base, fp16_residual=budget),
                                                      calib if base.calibrated else None))
@@ -148,14 +154,14 @@ def test_fp16_residual_lowers_weight_and_logit_error(recipe):
                 e = (stored[k] - w).astype(np.float64)
                 h = calib.hessians[names.input_key(k)].astype(np.float64)
                 errors[budget][k] = (np.einsum("nk,kl,nl->", e, h, e), np.linalg.norm(e))
-        reports[budget] = quality.build_report(tiny, module, tokens=256, context=64)
-    # (gaussian weights have no outliers: the 2% worst entries hold only a few % of the squared error)
+        model = quality.reference_model(tiny.config, stored)
+        got = np.concatenate([quality.reference_logits(model, w) for w in wins])
+        logit_err[budget] = float(np.sqrt(((got - want) ** 2).mean() / (want ** 2).mean()))
     for name, (out_err, fro) in errors[0.02].items():
         assert out_err < errors[0.0][name][0], (recipe, name, errors[0.0][name], out_err)
         if not base.calibrated:
             assert fro < errors[0.0][name][1], (recipe, name, errors[0.0][name], fro)
-    assert reports[0.02]["kl_mean"] < reports[0.0]["kl_mean"], (reports[0.0], reports[0.02])
-    assert reports[0.02]["top1_agreement"] >= reports[0.0]["top1_agreement"]
+    assert logit_err[0.02] < 0.99 * logit_err[0.0], logit_err
 
 
 def test_cli_fp16_residual_errors_are_one_line(tmp_path):
