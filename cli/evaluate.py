@@ -17,12 +17,12 @@ Progress = Callable[[str], None]
 
 
 def evaluate_artifact(artifact: Path, model: Path, tokens: int = 1024, context: int = 256,
-                      progress: Progress = lambda s: None) -> dict:
+                      progress: Progress = lambda s: None, tokenizer: Path | None = None) -> dict:
     """Quality metrics of ``artifact`` (its CPU plan) against the source ``model`` on the evaluation split."""
     from grokc.runner import Runner
 
     runner = Runner(artifact, device="cpu")
-    loaded = load_model(model, progress=progress)
+    loaded = load_model(model, progress=progress, tokenizer=tokenizer)
     check_source(runner.artifact.manifest.source.sha256, loaded.source_sha256, model)
     wins = windows(runner.encode(pydoc_text("eval")), tokens, context)
     # The plan (numpy) runs before the reference (torch): once torch's thread pool has run, its idle

@@ -50,6 +50,7 @@ class Inputs:
     past: tuple[str, ...]
 
 
+_ANY = "one of the patterns of a Llama-family decoder"
 # What grokc reads after an activation of each view, for the message about a node no rule covers.
 _EXPECTED = {
     "tokens": "an RMSNorm, a linear layer (MatMul or MatMulNBits with a constant weight), SiLU "
@@ -194,16 +195,29 @@ class Conversion:
             missing = next(o for o in outputs)
             return UnsupportedModel(f"{g.source}: graph output '{missing}' comes from no node grokc reads")
         culprit = next((n for n in cone if n.op not in known), cone[0])
-        reads = [i for i in culprit.inputs if isinstance(self.kinds.get(i), Act)]
-        if reads:
-            kind = self.act(reads[0])
-            producer = g.producer(reads[0])
-            where = f" (it reads {producer.describe()})" if producer else ""
-            expected = _EXPECTED.get(kind.view, "one of the patterns of a Llama-family decoder")
+        act = self._nearest_act(culprit)
+        if act is not None:
+            producer = g.producer(act)
+            where = f" (it computes from {producer.describe()})" if producer else ""
+            expected = _EXPECTED.get(self.act(act).view, _ANY)
         else:
-            where, expected = "", "one of the patterns of a Llama-family decoder"
+            where, expected = "", _ANY
         return UnsupportedModel(f"{g.source}: node {culprit.describe()} matches no pattern grokc reads{where}; "
                                 f"expected there: {expected}")
+
+    def _nearest_act(self, node: OpNode) -> str | None:
+        """The nearest activation ``node`` computes from (through nodes no rule covered)."""
+        stack, seen = [node], set()
+        while stack:
+            n = stack.pop(0)
+            for i in n.inputs:
+                if isinstance(self.kinds.get(i), Act):
+                    return i
+                p = self.graph.producer(i) if i else None
+                if p is not None and p.name not in seen and i not in self.side:
+                    seen.add(p.name)
+                    stack.append(p)
+        return None
 
 
 def find_inputs(graph: OpGraph) -> Inputs:
