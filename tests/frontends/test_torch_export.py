@@ -1,8 +1,9 @@
 """torch.export programs of tiny random transformers models -> grokc, against eager transformers (fp32).
 
-Two ways in: a Llama program (tied embeddings) saved with ``torch.export.save`` (``grokc build
-model.pt2``) and a ``LlamaForCausalLM`` handed to the Python API (``load_module`` with example
-inputs); a Qwen2 program is refused naming its first biased linear layer (grokc's Llama IR has no
+Three ways in: a Llama program (tied embeddings) saved with ``torch.export.save`` (``grokc build
+model.pt2``), and through the Python API (``load_module`` with example inputs) a ``LlamaForCausalLM``
+and a user's own Llama-like module (``own_llama.py``, transformers' weights, so transformers is its
+reference too); a Qwen2 program is refused naming its first biased linear layer (grokc's Llama IR has no
 biases). The architecture
 read from each ATen graph must equal what grokc's Hugging Face frontend reads from config.json, the
 IR must be the graph grokc's tracer makes of that config with the same parameters, and the CPU
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from graph_exports import NoCache, build, hf_folder, hf_model, plan_steps, rel_err, torch_greedy, torch_steps
+from own_llama import from_hf
 
 from grokc.compiler.frontends import load_model
 from grokc.compiler.frontends.torch_export import load_module
@@ -40,9 +42,11 @@ def programs(tmp_path_factory):
     root = tmp_path_factory.mktemp("pt2")
     tied = hf_folder(root / "tied", seed=21, tie_word_embeddings=True)
     llama = hf_folder(root / "llama", seed=22, rope_theta=250000.0)
+    own = hf_folder(root / "own", seed=24)
     ids = torch.randint(4, 192, (1, 6))
     return {"pt2": (tied, lambda: load_model(root / "t.pt2", tokenizer=tied), save_pt2(tied, root / "t.pt2")),
-            "module": (llama, lambda: load_module(hf_model(llama), {"input_ids": ids}, tokenizer=llama), None)}
+            "module": (llama, lambda: load_module(hf_model(llama), {"input_ids": ids}, tokenizer=llama), None),
+            "own": (own, lambda: load_module(from_hf(hf_model(own)), (ids,), tokenizer=own), None)}
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +60,7 @@ def artifacts(loaded, tmp_path_factory):
     return {k: build(m, root / k) for k, m in loaded.items()}
 
 
-@pytest.mark.parametrize("which", ["pt2", "module"])
+@pytest.mark.parametrize("which", ["pt2", "module", "own"])
 def test_architecture_and_ir_are_what_the_model_is(programs, loaded, which):
     folder = programs[which][0]
     ours, hf = loaded[which], load_model(folder)
@@ -69,7 +73,7 @@ def test_architecture_and_ir_are_what_the_model_is(programs, loaded, which):
         np.testing.assert_array_equal(ours.module.params[name], w, err_msg=name)
 
 
-@pytest.mark.parametrize("which", ["pt2", "module"])
+@pytest.mark.parametrize("which", ["pt2", "module", "own"])
 def test_prefill_and_decode_logits_match_eager_torch(programs, artifacts, which):
     folder = programs[which][0]
     tokens = [int(t) for t in np.random.default_rng(9).integers(4, 192, 12)]
@@ -78,7 +82,7 @@ def test_prefill_and_decode_logits_match_eager_torch(programs, artifacts, which)
     assert len(errs) == 5 and max(errs) < TOL, errs
 
 
-@pytest.mark.parametrize("which", ["pt2", "module"])
+@pytest.mark.parametrize("which", ["pt2", "module", "own"])
 def test_greedy_fp16_tokens_match_eager_torch(programs, artifacts, which):
     from grokc.runner import Runner, SamplingParams
 

@@ -1,7 +1,8 @@
 """Rules that move an activation between views without computing anything (``kinds.py``'s table).
 
 They emit no IR: reshapes into and out of heads, the head transposes, the key/value-cache
-``Concat`` with a past input, GQA's ``repeat_kv`` (Unsqueeze, Expand, Reshape), sdpa's key
+``Concat`` with a past input, GQA's ``repeat_kv`` (Unsqueeze, Expand, Reshape, or torch's
+``repeat_interleave`` over the heads), sdpa's key
 transpose through 3-D (Reshape, Transpose [0, 2, 1], Reshape), and ops that change nothing (casts
 between float types, full slices, identities). Each checks the shapes it relies on: the source's
 own where they are known, else the reshape's target computed on a probe.
@@ -141,6 +142,16 @@ def _expand(m: Match, cv: Conversion) -> None:
     cv.kinds[m.nodes["n"].outputs[0]] = x.but(heads=x.heads * r, repeat=r)
 
 
+def _repeat_check(m: Match, cv: Conversion) -> bool:
+    x, a = cv.act(m.values["x"]), m.nodes["n"].attrs
+    return x.view == HEADS and x.repeat == 1 and a.get("axis") == 1 and isinstance(a.get("repeats"), int)
+
+
+def _repeat(m: Match, cv: Conversion) -> None:
+    x, r = cv.act(m.values["x"]), m.nodes["n"].attrs["repeats"]
+    cv.kinds[m.nodes["n"].outputs[0]] = x.but(heads=x.heads * r, repeat=r)
+
+
 def _reshape_check(m: Match, cv: Conversion) -> bool:
     """Reshape out of HEADS5 (repeat_kv's end), into FLAT or out of FLATT (sdpa's key transpose)."""
     x, out = cv.act(m.values["x"]), dims(cv, m.nodes["n"].outputs[0])
@@ -167,4 +178,5 @@ RULES = [
     Rule("repeat_kv unsqueeze", Op("Unsqueeze", X, name="n"), _unsqueeze_check, _unsqueeze),
     Rule("repeat_kv expand", Op("Expand", X, name="n"), _expand_check, _expand),
     Rule("repeat_kv and key reshapes", Op("Reshape", X, name="n"), _reshape_check, _reshape),
+    Rule("repeat_kv (repeat_interleave)", Op("RepeatInterleave", X, name="n"), _repeat_check, _repeat),
 ]

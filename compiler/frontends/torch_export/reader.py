@@ -4,9 +4,10 @@ Each ``call_function`` node becomes one ``OpNode`` named as the FX node, its ten
 the symbolic sizes inside list arguments) as inputs, its other arguments normalised into the
 attributes the rules read: ``aten.linear`` -> ``Linear``, ``aten.embedding`` -> ``Gather``,
 ``aten.transpose.int`` and ``permute`` -> ``Transpose`` with a ``perm``, ``aten.slice.Tensor`` ->
-``Slice`` with ``starts``/``ends``/``axes``/``steps``, ``aten.mean.dim`` -> ``ReduceMean``,
+``Slice`` with ``starts``/``ends``/``axes``/``steps`` (and each piece of a ``chunk``/``split``, taken
+by ``getitem``, the same), ``aten.mean.dim`` -> ``ReduceMean``,
 ``aten.to``/``_to_copy`` -> ``Cast``, ``aten.scaled_dot_product_attention`` -> ``SDPA``,
-``aten.sym_size.int`` -> ``Size``, and so on (``_OPS``). A scalar operand of an arithmetic op
+``aten.sym_size.int`` -> ``Size``, ``repeat_interleave`` (an int count) -> ``RepeatInterleave``, and so on (``_OPS``). A scalar operand of an arithmetic op
 becomes a constant value. An ATen op without an entry keeps its own name: rules never match it,
 so it is either a side value (masks, positions) or named as the node grokc cannot read.
 
@@ -30,6 +31,7 @@ from grokc.core.errors import UnsupportedModel
 _A = torch.ops.aten
 _INT_MAX = 2 ** 63 - 1
 _SKIP = {"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size", "sym_constrain_range"}
+_PIECES = {"chunk", "split", "split_with_sizes"}   # read through the getitems that take their pieces
 
 
 def to_opgraph(ep: torch.export.ExportedProgram, source: str) -> OpGraph:
@@ -53,9 +55,10 @@ def to_opgraph(ep: torch.export.ExportedProgram, source: str) -> OpGraph:
                 inputs.append(n.name)
         elif n.op == "call_function":
             op = _op_name(n.target)
-            if op in _SKIP:
+            if op in _SKIP or (op in _PIECES and all(_op_name(u.target) == "getitem" for u in n.users)):
                 continue
-            nodes.append(_translate(n, op, constants))
+            piece = _piece(n) if op == "getitem" else None
+            nodes.append(piece or _translate(n, op, constants))
     out = next(n for n in ep.graph.nodes if n.op == "output")
     outputs = tuple(a.name for a in fx.node.map_aggregate(out.args[0], lambda a: a)
                     if isinstance(a, fx.Node)) if isinstance(out.args[0], (tuple, list)) else (out.args[0].name,)
@@ -95,6 +98,24 @@ def _translate(n: fx.Node, op: str, constants: dict[str, np.ndarray]) -> OpNode:
     return OpNode(n.name, name, tuple(ins) + tuple(extra), (n.name,), attrs, str(n.target))
 
 
+def _piece(n: fx.Node) -> OpNode | None:
+    """``getitem(chunk|split|split_with_sizes(x, ..., dim), i)`` -> the ``Slice`` of ``x`` it is (the
+    pieces' sizes from the split's own shapes); None when the sizes are symbolic or it is another getitem."""
+    src = n.args[0]
+    if not isinstance(src, fx.Node) or src.op != "call_function" or _op_name(src.target) not in _PIECES:
+        return None
+    x, vals = src.args[0], src.meta.get("val")
+    rank = len(x.meta["val"].shape)
+    dim = _axis(src.args[2] if len(src.args) > 2 else src.kwargs.get("dim", 0), rank)
+    try:
+        sizes = [int(t.shape[dim]) for t in vals]
+    except (TypeError, AttributeError):   # a symbolic size: left for the message naming the node
+        return None
+    start = sum(sizes[: n.args[1]])
+    return OpNode(n.name, "Slice", (x.name,), (n.name,),
+                  {"axes": [dim], "starts": [start], "ends": [start + sizes[n.args[1]]], "steps": [1]}, str(src.target))
+
+
 def _binary(args, kw, rank, operand):
     if kw.get("alpha", 1) != 1:
         return [operand(0), operand(1), "alpha"], {}
@@ -125,6 +146,12 @@ def _sdpa(args, kw, rank, operand):
     return [operand(0), operand(1), operand(2)] + ([mask.name] if isinstance(mask, fx.Node) else []), attrs
 
 
+def _repeat_interleave(args, kw, rank, operand):
+    dim = args[2] if len(args) > 2 else kw.get("dim")
+    return [operand(0)], {"repeats": args[1] if isinstance(args[1], int) else None,
+                          "axis": None if dim is None else _axis(dim, rank)}
+
+
 def _cast(args, kw, rank, operand):
     dtype = kw.get("dtype", args[1] if len(args) > 1 and isinstance(args[1], torch.dtype) else None)
     return [operand(0)], {"to": str(dtype).removeprefix("torch.") if dtype is not None else "same"}
@@ -149,6 +176,7 @@ _OPS = {
     "permute": ("Transpose", lambda a, k, r, o: ([o(0)], {"perm": [_axis(d, r) for d in a[1]]})),
     "unsqueeze": ("Unsqueeze", lambda a, k, r, o: ([o(0)], {"axes": [_axis(a[1], r + 1)]})),
     "expand": ("Expand", lambda a, k, r, o: ([o(0)], {})),
+    "repeat_interleave": ("RepeatInterleave", _repeat_interleave),
     "slice": ("Slice", _slice),
     "cat": ("Concat", lambda a, k, r, o: ([t.name for t in a[0]], {"axis": a[1] if len(a) > 1 else k.get("dim", 0)})),
     "scaled_dot_product_attention": ("SDPA", _sdpa),
