@@ -55,9 +55,15 @@ def shape_ok(hidden: int, inter: int) -> bool:
     return hidden % 256 == 0 and 256 <= hidden <= MAX_HIDDEN and inter % UNITS == 0 and inter >= UNITS
 
 
+def available(target: Target) -> bool:
+    """Whether ``target`` can run the kernel at all (the pipeline adds the fusion pass only then)."""
+    return all(target.has(f) for f in NEEDS) and not target.deterministic
+
+
 def fits(target: Target, hidden: int, inter: int) -> bool:
-    """Whether ``split_k`` takes a batch-1 MLP of these sizes on ``target`` (the fusion pass asks)."""
-    return (all(target.has(f) for f in NEEDS) and shape_ok(hidden, inter)
+    """Whether ``split_k`` takes a batch-1 MLP of these sizes on ``target`` (the fusion pass asks);
+    never in a deterministic build (its down sums are f32 vector reductions in any order)."""
+    return (available(target) and shape_ok(hidden, inter)
             and smem_bytes(hidden) <= target.smem_per_block)
 
 
