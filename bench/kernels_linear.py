@@ -231,7 +231,7 @@ def decode_step(timer: Timer, kernels: Kernels, m: int, torch, best: dict) -> di
     def step_us(ks: list[cd.KernelLaunch]) -> float:
         return timer.graph(ks, reps=5)[0] * len(ks)
 
-    pdl_us, alts = float("nan"), {}
+    pdl_us, alts = None, {}
     if any(k.pdl for k in launches[1:]):  # the same graph with programmatic edges where the kernels allow
         pdl_us = step_us(launches)
         for alt_name, alt in DECODE_ALTS.items():
@@ -291,7 +291,7 @@ def run_job(job: dict, folder: Path, out: Path) -> None:
     elif job["kind"] == "decode":
         emit(start=[0, f"decode M={job['m']}"])
         r = decode_step(timer, kernels, job["m"], torch, job["best"])
-        log(f"decode step M={r['m']}: {r['us']:.1f} us ({r['gbps']:.0f} GB/s), with PDL {r['pdl_us']:.1f} us")
+        log(f"decode step M={r['m']}: {r['us']:.1f} us ({r['gbps']:.0f} GB/s), with PDL {r['pdl_us'] or float('nan'):.1f} us")
         emit(result={"decode_step": [r]})
     else:
         raise ValueError(job["kind"])
@@ -443,8 +443,9 @@ def print_table(report: dict) -> None:
               f"{t_us / rule_rec['us']:7.2f}", file=err)
     for c in report["decode_step"]:
         torch_us = c["torch_us"] if c["torch_us"] is not None else nan
+        pdl_us = c["pdl_us"] if c["pdl_us"] is not None else nan
         print(f"decode step (1B linears: 16 layers + LM head) M={c['m']}: {c['us']:.1f} us ({c['gbps']:.0f} GB/s, "
-              f"{c['launches']} launches), with PDL edges {c['pdl_us']:.1f} us "
+              f"{c['launches']} launches), with PDL edges {pdl_us:.1f} us "
               f"({', '.join(f'{k} {v:.1f}' for k, v in c['pdl_alts_us'].items())}) | torch fp16 {torch_us:.1f} us",
               file=err)
     for f in report["failures"]:

@@ -17,7 +17,7 @@ from kernel_timing import ROTATE_BYTES, Uploads
 from grokc.abi import int4
 from grokc.abi.ops import KERNEL_ABI
 from grokc.targets import KernelCall, get_target, select
-from grokc.targets.rules_linear import Gemm, Gemv, Gemv2, parse, rule_gemv
+from grokc.targets.rules_linear import Gemm, Gemv, Gemv2, Rows, parse, rule_gemv
 
 F16, F32 = np.float16, np.float32
 TARGET = get_target("sm90")
@@ -94,7 +94,7 @@ GEMM_TILINGS = [(128, 128, 2, 4, 3, 0), (128, 128, 2, 4, 4, 0), (128, 128, 2, 4,
 DECODE_ALTS = {"p2": {"pf": 2}, "n1": {"nl": 1}, "p2n1": {"pf": 2, "nl": 1}, "p0": {"pf": 0}}
 
 
-def variant(sym: str) -> Gemv | Gemv2 | Gemm:
+def variant(sym: str) -> Gemv | Gemv2 | Rows | Gemm:
     v = parse(sym)
     if v is None:
         raise ValueError(sym)
@@ -186,6 +186,8 @@ def launch_dims(v, s: Shape) -> tuple[tuple, tuple, int]:
     """(grid, block, dynamic shared memory) of variant ``v`` for the call ``s``."""
     if isinstance(v, (Gemv, Gemv2)):
         return (v.blocks(s.n), 1, 1), (v.threads, 1, 1), v.smem(s.m, s.k)
+    if isinstance(v, Rows):
+        return (v.blocks(s.n, TARGET.num_sms), 1, 1), (v.threads, 1, 1), v.smem(s.k)
     return v.grid(s.m, s.n), (v.threads, 1, 1), v.smem()
 
 
