@@ -12,7 +12,7 @@ Same module protocol as ``rules_misc``: ``RULES``, ``HEADERS`` and ``kernel_sour
   before (the attention output projection) finishes. Registers are capped at 64 a thread
   (``__launch_bounds__(512, 2)``; shared memory still allows one block an SM): 32 K registers are
   left for a block of the next layer's qkv GEMV (256 threads of up to 128), which then joins the
-  SM and loads its weights while the MLP runs (docs/perf-notes.md run 91: 496.9 against 514.2 µs
+  SM and loads its weights while the MLP runs (docs/performance.md, run 91: 496.9 against 514.2 µs
   a step uncapped, 71 registers).
 - ``pack_mlp_tiles.grid_stride``: a word of the layout a thread, 256 threads a block, at most 4096
   blocks (it runs once, at load).
