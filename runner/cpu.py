@@ -130,13 +130,33 @@ def _prologue(args: dict[str, Any], m: int, k: int, x_dtype: str = "f16") -> np.
     return x
 
 
+ROW_BLOCK = 8
+
+
+def matmul_rows(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """f32 ``x [M, K] @ w.T`` (``w [NW, K]``), each row's sums independent of every other row.
+
+    BLAS picks its kernels (and so the order of each dot product's additions) by the shape: one
+    matmul of ``M`` rows would make a row's bits depend on how many other rows share it, i.e. on
+    how many slots a decode step serves. Here the rows go through in blocks of ``ROW_BLOCK``
+    (the last one zero-padded), every block one matmul of the same shape, so a row comes out the
+    same whatever ``M``, its index or the other rows are: batch invariance (``decode_1`` and
+    ``decode_B`` give a request the same logits) and bucket invariance (padding rows change nothing).
+    """
+    m, k = x.shape
+    blocks = -(-m // ROW_BLOCK)
+    padded = np.zeros((blocks * ROW_BLOCK, k), F32)
+    padded[:m] = x
+    return (padded.reshape(blocks, ROW_BLOCK, k) @ w.T).reshape(blocks * ROW_BLOCK, w.shape[0])[:m]
+
+
 def linear(args: dict[str, Any], attrs: Mapping[str, str], dense: np.ndarray | None = None) -> None:
     """``out = epilogue(prologue(x) @ W^T)``; ``dense`` is W as f32 ``[NW, K]`` when the caller has it."""
     m, n, k = args["M"], args["N"], args["K"]
     act = _variant(attrs, "linear", "act")
     out_dtype = F16 if _variant(attrs, "linear", "out_dtype") == "f16" else F32
     w = dense_weight(args, attrs) if dense is None else dense  # [NW, K]
-    y = _prologue(args, m, k, _variant(attrs, "linear", "x_dtype")) @ w.T   # [M, NW]
+    y = matmul_rows(_prologue(args, m, k, _variant(attrs, "linear", "x_dtype")), w)  # [M, NW]
     addend = _opt(args, "addend", F32, m, w.shape[0])          # [M, NW]
     if addend is not None:
         y = y + addend
