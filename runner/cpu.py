@@ -17,6 +17,7 @@ keeps an f32 copy of every linear weight (dequantized once when q4 or q8), so re
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -481,14 +482,29 @@ class CpuExecutor:
     def read(self, buffer: str) -> np.ndarray:
         return self._buffers[buffer].copy()
 
-    def replay(self, graph: str) -> None:
+    def _launches(self, graph: str) -> list[tuple[Launch, dict[str, Any]]]:
         if graph not in self._graphs:
             raise ArtifactError(f"the plan has no graph {graph!r}; it has {sorted(self._graphs)}")
-        for launch, args in self._graphs[graph]:
-            if launch.op == "linear":
-                linear(args, launch.attrs, dense=self._dense_weight(launch, args))
-            else:
-                OPS[launch.op](args, launch.attrs)
+        return self._graphs[graph]
+
+    def _run(self, launch: Launch, args: dict[str, Any]) -> None:
+        if launch.op == "linear":
+            linear(args, launch.attrs, dense=self._dense_weight(launch, args))
+        else:
+            OPS[launch.op](args, launch.attrs)
+
+    def replay(self, graph: str) -> None:
+        for launch, args in self._launches(graph):
+            self._run(launch, args)
+
+    def replay_timed(self, graph: str) -> list[tuple[float, float]]:
+        """``replay``, returning each launch's (start from the first, duration) in seconds."""
+        times, t0 = [], time.perf_counter()
+        for launch, args in self._launches(graph):
+            start = time.perf_counter()
+            self._run(launch, args)
+            times.append((start - t0, time.perf_counter() - start))
+        return times
 
     def synchronize(self) -> None:
         pass
