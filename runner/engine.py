@@ -28,6 +28,7 @@ from grokc.core.meta import Shapes
 from grokc.runner.executor import Executor
 
 SEED_RANGE = 2**32   # the sampler's RNG takes a 32-bit seed (abi/rng.py); larger seeds are refused
+F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _integer(name: str, value: object) -> int:
@@ -39,9 +40,13 @@ def _integer(name: str, value: object) -> int:
 def _real(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise RequestTypeError(f"{name} must be a number, not {type(value).__name__} {value!r}")
-    if not math.isfinite(value):
-        raise RequestError(f"{name}={value} must be a finite number")
-    return float(value)
+    try:
+        real = float(value)
+    except OverflowError:   # an integer past the float range
+        real = math.inf
+    if not math.isfinite(real) or abs(real) > F32_MAX:   # the device holds it as an f32
+        raise RequestError(f"{name}={value!r:.40} must be a finite number")
+    return real
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ class SamplingParams:
             raise RequestError(f"max_new_tokens={self.max_new_tokens} must be at least 1")
         if _real("temperature", self.temperature) < 0:
             raise RequestError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
-        if not 0 < _real("top_p", self.top_p) <= 1:
+        if not 0 < np.float32(_real("top_p", self.top_p)) <= 1:   # as the device sees it
             raise RequestError(f"top_p={self.top_p} must be in (0, 1] (1 = no nucleus filter)")
         if not 0 <= _integer("top_k", self.top_k) <= vocab:
             raise RequestError(f"top_k={self.top_k} must be in [0, {vocab}] (the vocabulary; 0 = no top-k filter)")
