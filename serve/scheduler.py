@@ -139,12 +139,12 @@ class Scheduler:
     def idle(self) -> bool:
         return not self.queue and not self.running
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Fail what is left (503 ``shutting_down``), write the profile, end the thread."""
+    def stop(self, wait: bool = True, timeout: float = 10.0) -> None:
+        """Fail what is left (503 ``shutting_down``), write the profile, end the thread (``wait``: join it)."""
         with self.cond:
             self.stopping = True
             self.cond.notify()
-        if self.thread.is_alive():
+        if wait and self.thread.is_alive():
             self.thread.join(timeout)
 
     def gauges(self) -> dict[str, tuple[str, float]]:

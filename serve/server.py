@@ -68,6 +68,7 @@ class DrainingServer(uvicorn.Server):
         s = self.scheduler
         if s.load_error is not None or (self.drain_deadline is not None and (
                 s.idle() or time.monotonic() > self.drain_deadline)):
+            s.stop(wait=False)      # what still runs fails with 503 shutting_down; uvicorn sends that, then exits
             self.should_exit = True
         return await super().on_tick(counter)
 
