@@ -73,8 +73,8 @@ def test_deadline_gives_504_frees_the_slot_and_the_next_request_is_served(start_
     assert server.metric("grokc_slots_busy") == 0 and server.metric("grokc_kv_blocks_in_use") == 0
     events = read_all(stream_first_chunk(server, {**OK, "max_tokens": 120}))   # past it mid-stream: an error event
     assert b'"code": "deadline_exceeded"' in events and b"[DONE]" not in events
-    status, body = server.post("/v1/completions", OK)
-    assert status == 200 and body["choices"][0]["text"] == reference([5, 6, 7], 4)[0]
+    status, body = server.post("/v1/completions", {**OK, "max_tokens": 1})   # a prefill: well inside 0.3 s
+    assert status == 200 and body["choices"][0]["text"] == reference([5, 6, 7], 1)[0]
 
 
 def test_config_file_sets_limits_and_flags_win(start_server, tiny_serving_artifact, tmp_path):
