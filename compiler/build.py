@@ -60,6 +60,7 @@ class BuildOptions:
     buckets: tuple[int, ...] = (128, 512)
     max_seq: int = 2048
     kv_blocks: int = 0
+    deterministic: bool = False       # replay-deterministic, batch-invariant decode (one decode graph, no atomics)
     check_ir: bool = False
     synthetic_seed: int | None = None  # set: MODEL is a config; weights are seeded and filled at load
     calibration: CalibrationOptions = CalibrationOptions()  # read by calibrated recipes only
@@ -89,11 +90,13 @@ class BuildOptions:
                      "lm_head": _WEIGHT_FORMATS.get(self.lm_head), "fp16_residual": self.fp16_residual,
                      "embeddings": _WEIGHT_FORMATS.get(self.embeddings)}
         recipe = replace(QUANT[self.quant], **{k: v for k, v in overrides.items() if v is not None})
-        return CompileOptions(StaticShapes(self.batch, tuple(self.buckets), self.max_seq, self.kv_blocks), recipe)
+        shapes = StaticShapes(self.batch, tuple(self.buckets), self.max_seq, self.kv_blocks, self.deterministic)
+        return CompileOptions(shapes, recipe)
 
     @property
     def targets(self) -> list[Target]:
-        return [get_target(a) for a in dict.fromkeys(self.archs)]
+        """The ``--arch`` targets, constrained to deterministic kernels in a deterministic build."""
+        return [replace(get_target(a), deterministic=self.deterministic) for a in dict.fromkeys(self.archs)]
 
 
 # --lm-head and --embeddings: the formats either may take
@@ -160,7 +163,8 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
             kernels, binary = _compile(plan, target, progress)
         plans[target.name], binaries[target.name] = plan, binary
         archs[target.name] = ArchInfo(plan_file(target.name), kernels_file(target.name, target.ptx), target.ptx,
-                                      tuple(kernels), module_t.meta.passes[len(module.meta.passes):])
+                                      tuple(kernels), module_t.meta.passes[len(module.meta.passes):],
+                                      target.deterministic)
     manifest = _manifest(loaded, module, archs, synthetic)
     progress(f"writing {out}")
     stored = {name: a for name, a in module.params.items() if name not in synthetic}

@@ -13,7 +13,7 @@ largest relative (Frobenius) error of one of its weight matrices against the ref
 rounding gives ~2e-4; a q/k/v or gate/up split out of transformers' row order gives ~1). grokc's
 own code is used only to read the artifact's files and the pydoc split's text.
 
-    python bench/quality_hf.py dist/int4 dist/int4-rtn ... --model SmolLM2-135M-Instruct.Q4_1.gguf \
+    python bench/probes/quality_hf.py dist/int4 dist/int4-rtn ... --model SmolLM2-135M-Instruct.Q4_1.gguf \
         [--text /usr/share/common-licenses/GPL-3] [--tokens 4096] [--context 512]
 
 Prints one JSON document: per text, the reference perplexity and each artifact's.
