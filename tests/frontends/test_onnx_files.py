@@ -11,9 +11,9 @@ import shutil
 import numpy as np
 import onnx
 import pytest
+from graph_exports import export_torch, hf_folder
 from onnx import numpy_helper
 from onnx.external_data_helper import uses_external_data
-from graph_exports import export_torch, hf_folder
 from typer.testing import CliRunner
 
 from grokc.cli.app import app
