@@ -29,7 +29,7 @@ def refusal(path, *needles: str) -> str:
 
 
 def test_missing_path(tmp_path):
-    refusal(tmp_path / "nope.gguf", "nope.gguf", "does not exist", ".gguf file or a Hugging Face folder")
+    refusal(tmp_path / "nope.gguf", "nope.gguf", "does not exist", ".gguf file, a Hugging Face folder with config.json, an .onnx file or a torch.export .pt2 file")
 
 
 def test_folder_without_config(tmp_path):
