@@ -193,7 +193,7 @@ def rope_np(d: int) -> tuple[np.ndarray, np.ndarray]:
 
 def attn_scalars(rows_name: str, rows: int, max_blocks: int) -> dict:
     return {rows_name: rows, "n_heads": NH, "n_kv_heads": NKV, "head_dim": D, "table_len": TABLE_LEN,
-            "max_blocks": max_blocks, "scale": D ** -0.5, "mscale": 1.0}
+            "max_blocks": max_blocks, "window": 0, "scale": D ** -0.5, "mscale": 1.0}
 
 
 def decode_case(dev: Device, rng, batch: int, ctx: int) -> dict:

@@ -255,7 +255,7 @@ def host_weights(s: Shape, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
 def host_case(s: Shape, seed: int) -> dict:
     rng = np.random.default_rng((seed, s.m, s.n, s.k))
     a = {"x": rng.standard_normal((s.m, s.k)).astype(F16), "scales": None, "zeros": None, "norm": None,
-         "residual": None, "addend": None, **s.dims}
+         "residual": None, "addend": None, "bias": None, **s.dims}
     a["weight"], a["scales"] = host_weights(s, seed)
     if s.norm:
         a["norm"] = rng.uniform(0.5, 1.5, s.k).astype(F16)
@@ -318,7 +318,7 @@ class DeviceCase:
         ptr = lambda b: None if b is None else b.ptr  # noqa: E731
         v = {"out": self.out.ptr, "x": self.x.ptr, "weight": self.weights[i].ptr,
              "scales": ptr(self.scales[i]) if self.scales else None, "zeros": None, "norm": ptr(self.norm),
-             "residual": ptr(self.residual), "addend": None, **self.s.dims}
+             "residual": ptr(self.residual), "addend": None, "bias": None, **self.s.dims}
         return [v[p.name] for p in LINEAR]
 
     def close(self) -> None:
