@@ -1,6 +1,6 @@
 """Calibration: the second moment ``E[x^T x]`` of every linear's input, on text the evaluation never sees.
 
-What: ``calibrate(loaded, recipe, opts)`` runs grokc's torch Llama in float32 on the source
+What: ``calibrate(loaded, recipe, opts)`` runs grokc's torch model in float32 on the source
 weights over ``opts.samples`` windows of ``opts.tokens`` tokens of calibration text and returns a
 ``quant.calibration.Calibration``: plain f32 ``[K, K]`` arrays keyed by ``names.input_key`` (one
 per distinct input: q/k/v share one, gate/up another, then o_proj's and down_proj's, and
@@ -107,7 +107,7 @@ def collect(model: torch.nn.Module, windows: list[list[int]], quantize: Quantize
         sums: dict[str, torch.Tensor] = {}
         hooks = [getattr(block, kind).register_forward_pre_hook(_accumulate(sums, names.name(names.Tensor(kind), i)))
                  for kind in _RECORDED]
-        outputs = [block(h, p, model.rope_inv_freq, model.mscale) for h, p in zip(hidden, positions)]
+        outputs = [model.forward_block(i, h, p) for h, p in zip(hidden, positions)]
         for hook in hooks:
             hook.remove()
         for key, s in sums.items():
@@ -118,7 +118,7 @@ def collect(model: torch.nn.Module, windows: list[list[int]], quantize: Quantize
                 linear = getattr(block, kind)
                 deq = quantize(name, linear.weight.numpy(), out[names.input_key(name)])
                 linear.weight.copy_(torch.from_numpy(deq))
-            outputs = [block(h, p, model.rope_inv_freq, model.mscale) for h, p in zip(hidden, positions)]
+            outputs = [model.forward_block(i, h, p) for h, p in zip(hidden, positions)]
         hidden = outputs
     sums = {}
     _accumulate(sums, names.LM_HEAD)(None, (torch.cat([model.output_norm(h) for h in hidden]),))
