@@ -117,3 +117,20 @@ def input_key(weight: str) -> str:
         return weight
     kind, layer, suffix = parsed
     return name(_SAME_INPUT[kind], layer, suffix)
+
+
+# What a fused weight holds, rows in order (passes/fuse_attention.py, passes/fuse_mlp.py).
+FUSED_PARTS: Mapping[Tensor, tuple[Tensor, ...]] = {
+    Tensor.ATTN_QKV: (Tensor.ATTN_Q, Tensor.ATTN_K, Tensor.ATTN_V),
+    Tensor.FFN_GATE_UP: (Tensor.FFN_GATE, Tensor.FFN_UP),
+}
+
+
+def parts(weight: str) -> tuple[str, ...]:
+    """The canonical names of the weights whose rows ``weight`` holds, in order: ``blk.3.attn_qkv.weight``
+    -> q, k, v of layer 3; any weight that is not a fusion -> itself."""
+    parsed = parse(weight)
+    if parsed is None or parsed[0] not in FUSED_PARTS:
+        return (weight,)
+    kind, layer, suffix = parsed
+    return tuple(name(p, layer, suffix) for p in FUSED_PARTS[kind])
