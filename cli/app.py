@@ -101,13 +101,15 @@ def build(
     lm_head: Optional[str] = typer.Option(None, "--lm-head", help="LM head weights: fp16 (default), int8 (round to nearest, one scale per output channel, --symmetric/--asymmetric apply; half the bytes a decode step reads for it) or int4 (the recipe's rounding; a quarter)."),
     embeddings: Optional[str] = typer.Option(None, "--embeddings", help="Token embedding table: fp16 (default), int8 (symmetric, one scale per row) or int4 (round to nearest per row, or per --group-size group when it divides the hidden size; --symmetric/--asymmetric apply); a tied fp16 LM head keeps its own fp16 copy."),
     fp16_residual: Optional[str] = typer.Option(None, "--fp16-residual", help="Keep this fraction of each int4 weight's entries, those the int4 grid serves worst, as exact f16 corrections beside the codes, e.g. 0.5% (or 0.005); off by default."),
-    calib_samples: int = typer.Option(32, "--calib-samples", help="Calibrated recipes: windows of calibration text (the calibration half of Python's pydoc topics, never evaluated)."),
+    calib_samples: int = typer.Option(32, "--calib-samples", help="Calibrated recipes: windows of calibration text, dealt out evenly over its sources (the shipped mix of seven genres, or each --calib-text)."),
+    calib_text: List[Path] = typer.Option([], "--calib-text", help="Calibrated recipes: calibrate on this UTF-8 file, or every file under this folder, instead of the shipped mix; repeat for several sources."),
     calib_tokens: int = typer.Option(512, "--calib-tokens", help="Calibrated recipes: tokens per calibration window."),
     calib_seed: int = typer.Option(0, "--calib-seed", help="Calibrated recipes: seed that places the windows."),
     sequential: bool = typer.Option(True, "--sequential/--no-sequential", help="Calibrated recipes: calibrate each block on the outputs of the blocks already quantized."),
-    quality_tokens: int = typer.Option(4096, "--quality-tokens", help="Held-out tokens (the evaluation half of the pydoc topics) on which the build reports perplexity, top-1 agreement and KL against the unquantized model, in the manifest and --json; 0 = no report."),
+    quality_tokens: int = typer.Option(4096, "--quality-tokens", help="Held-out tokens of each evaluation genre (shipped: docs, news, fiction, dialogue, encyclopedic; none read by calibration) on which the build reports perplexity, top-1 agreement and KL against the unquantized model, per genre and the worst, in the manifest and --json; 0 = no report."),
+    eval_text: List[Path] = typer.Option([], "--eval-text", help="Also report on this UTF-8 file (or every file under this folder) as a genre of its own; repeat for several."),
     quality_context: int = typer.Option(512, "--quality-context", help="Context length of each window of the quality report."),
-    max_ppl_increase: Optional[str] = typer.Option(None, "--max-ppl-increase", help="Fail the build when the reported perplexity rises by more than this, e.g. 10% (or 0.1)."),
+    max_ppl_increase: Optional[str] = typer.Option(None, "--max-ppl-increase", help="Fail the build when the reported perplexity rises by more than this on any genre, e.g. 10% (or 0.1)."),
     batch: int = typer.Option(4, "--batch", help="Static batch: sequences served at once (decode slots)."),
     buckets: str = typer.Option("128,512", "--buckets", help="Prompt lengths to compile prefill graphs for; a prompt is padded to the smallest that holds it."),
     max_seq: int = typer.Option(2048, "--max-seq", help="Longest sequence (prompt + generated tokens) a slot can hold."),
@@ -129,8 +131,9 @@ def build(
                         batch=batch, buckets=_csv_ints(buckets, "--buckets"), max_seq=max_seq, kv_blocks=kv_blocks,
                         deterministic=deterministic,
                         check_ir=DEBUG["on"], synthetic_seed=seed if synthetic_weights else None,
-                        calibration=CalibrationOptions(calib_samples, calib_tokens, calib_seed, sequential),
+                        calibration=CalibrationOptions(calib_samples, calib_tokens, calib_seed, sequential, tuple(calib_text)),
                         quality_tokens=0 if synthetic_weights else quality_tokens, quality_context=quality_context,
+                        eval_texts=tuple(eval_text),
                         max_ppl_increase=None if max_ppl_increase is None else _fraction(max_ppl_increase, "--max-ppl-increase"))
     out = out or Path("dist") / model.stem.split(".")[0]
     manifest = run_build(model, out, opts, progress=_progress, tokenizer=tokenizer)
@@ -229,16 +232,19 @@ def evaluate(
     artifact: Path = typer.Argument(..., help="Artifact folder."),
     model: Path = typer.Option(..., "--model", help="Source model the artifact was built from (the fp16 reference)."),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="With an ONNX or .pt2 --model: the tokenizer it was built with."),
-    tokens: int = typer.Option(1024, "--tokens", help="Tokens of evaluation text."),
+    tokens: int = typer.Option(1024, "--tokens", help="Tokens of each genre's evaluation text."),
     context: int = typer.Option(256, "--context", help="Context length of each evaluated window."),
+    genre: List[str] = typer.Option([], "--genre", help="A shipped held-out genre to measure (docs, news, fiction, dialogue, encyclopedic); repeat for several; default: all."),
+    eval_text: List[Path] = typer.Option([], "--eval-text", help="Also measure this UTF-8 file (or every file under this folder); repeat for several."),
 ):
-    """Perplexity and top-1 agreement of the artifact (CPU plan) against the unquantized model."""
+    """Perplexity, top-1 agreement and KL of the artifact (CPU plan) against the unquantized model, per genre."""
     _require_extra("build", "eval")
     from grokc.cli.evaluate import evaluate_artifact
+    from grokc.compiler.text import EVAL_GENRES
 
-    typer.echo(json.dumps(evaluate_artifact(artifact, model, tokens=tokens, context=context, progress=_progress,
-                                            tokenizer=tokenizer),
-                          indent=1, sort_keys=True))
+    result = evaluate_artifact(artifact, model, tokens=tokens, context=context, genres=tuple(genre) or EVAL_GENRES,
+                               extra=tuple(eval_text), progress=_progress, tokenizer=tokenizer)
+    typer.echo(json.dumps(result, indent=1, sort_keys=True))
 
 
 @app.command()

@@ -10,7 +10,6 @@ their values, only on their shapes and dtype, which match the artifact's model i
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -18,12 +17,6 @@ from torch.nn import functional as F
 
 from grokc.core.config import ModelConfig
 from grokc.core.rope import table as rope_table
-
-
-@dataclass
-class DecodeState:
-    tokens: torch.Tensor     # [B] int64
-    positions: torch.Tensor  # [B] int64
 
 
 class TorchDecoder(torch.nn.Module):

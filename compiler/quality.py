@@ -1,21 +1,22 @@
 """Quality of an artifact against its unquantized source: perplexity, top-1 agreement, KL.
 
-The reference is grokc's torch Llama in float32 on the source weights (the dequantized GGUF or
+The reference is grokc's torch model in float32 on the source weights (the dequantized GGUF or
 the HF checkpoint): the "fp16 model" of the issues, without any rounding of ours. The artifact is
 measured in one of two ways:
 
 - ``evaluate_artifact`` (``grokc eval``): its CPU plan, teacher-forced token by token through the
   decode graph (``Engine.score``), so what is measured is exactly what the runner computes, f16
   activations included; one decode step per token, so slow (minutes for 4096 tokens).
-- ``build_report`` (``grokc build``): the same torch Llama in float32 on the weights the module
+- ``build_report`` (``grokc build``): the same torch model in float32 on the weights the module
   stores (int4 codes dequantized plus any fp16 residual, everything else f16-rounded): what the
   weight recipe costs, one forward per window (seconds). On SmolLM2 the two agree to about 0.1 % in perplexity.
 
-Text: the standard library's ``pydoc_data.topics`` (English prose shipped with Python), split by
-topic: sorted by name, the topics at even positions are the evaluation split, those at odd
-positions the calibration split (``compiler/calibrate.py``), less every paragraph that an
-evaluation topic also holds. Evaluation never reads calibration text, and every machine
-evaluates the same tokens with no download.
+Text: the build report measures every held-out genre shipped with the package (``text.eval_texts``:
+the pydoc evaluation split, news, fiction, dialogue, encyclopedic prose; calibration never reads
+them) plus the user's ``--eval-text`` files, each on its own: ``tokens`` tokens in windows spread
+evenly over the text. It reports each genre and the worst (the largest perplexity increase, the
+lowest top-1 agreement, the largest KL), and ``--max-ppl-increase`` judges the worst. Every
+machine evaluates the same tokens with no download.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 from grokc.abi import int4, int8
 from grokc.compiler import models
 from grokc.compiler.frontends import LoadedModel
-from grokc.compiler.text import pydoc_text, windows
+from grokc.compiler.text import Text, spread_windows
 from grokc.core import tensors as names
 from grokc.core.config import ModelConfig
 from grokc.core.errors import ArtifactError
@@ -57,7 +58,8 @@ _FUSED = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate"
 
 def stored_weights(module: Module) -> dict[str, np.ndarray]:
     """Canonically named f32 weights as a quantized ``module`` stores them: every LINEAR's matrix as
-    the kernels see it (int4 and int8 dequantized, plus any fp16 residual), fused ones split back, norms and embeddings as stored."""
+    the kernels see it (int4 and int8 dequantized, plus any fp16 residual), fused ones (and their
+    biases) split back, norms and embeddings as stored."""
     cfg = module.config
     g = next(iter(module.graphs.values()))
     out: dict[str, np.ndarray] = {}
@@ -66,8 +68,6 @@ def stored_weights(module: Module) -> dict[str, np.ndarray]:
             out[n.inputs["table"].rsplit(".", 1)[0] + ".weight"] = _dense_table(module, n)   # token_embd.weight
         if n.op is not OpKind.LINEAR:
             continue
-        if "norm" in n.inputs:
-            out[n.inputs["norm"]] = np.asarray(module.params[n.inputs["norm"]], np.float32)
         w = _dense(module, n)
         if n.outputs[0] in g.outputs:
             out[names.LM_HEAD] = w
@@ -77,8 +77,14 @@ def stored_weights(module: Module) -> dict[str, np.ndarray]:
         parts = _FUSED.get(kind, (kind,))
         rows = {"attn_q": cfg.q_dim, "attn_k": cfg.kv_dim, "attn_v": cfg.kv_dim}
         sizes = [rows.get(p, w.shape[0] // len(parts)) for p in parts]
-        for p, chunk in zip(parts, np.split(w, np.cumsum(sizes)[:-1])):
-            out[names.name(names.Tensor(p), int(layer))] = chunk
+        stored = {"weight": w, **({"bias": np.asarray(module.params[n.inputs["bias"]], np.float32)} if "bias" in n.inputs else {})}
+        for suffix, a in stored.items():
+            for p, chunk in zip(parts, np.split(a, np.cumsum(sizes)[:-1])):
+                out[names.name(names.Tensor(p), int(layer), suffix)] = chunk
+    for name, a in module.params.items():   # every norm weight, wherever its node reads it
+        parsed = names.parse(name)
+        if parsed is not None and parsed[0].is_norm:
+            out[name] = np.asarray(a, np.float32)
     return out
 
 
@@ -148,21 +154,40 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def build_report(loaded: LoadedModel, module: Module, tokens: int, context: int,
-                 progress: Progress = lambda s: None) -> dict:
-    """The build's quality report: ``metrics`` of the weights ``module`` stores (float32 torch model)
-    against the source weights on the evaluation split, rounded to 4 significant digits so that
-    builds stay byte-identical."""
+def report_windows(tokenizer_json: str, texts: list[Text], tokens: int, context: int) -> dict[str, list[list[int]]]:
+    """Each text's evaluation windows (``spread_windows``), by name: tokenized before the build's long
+    steps, so a text too short for ``tokens`` fails at once."""
     from tokenizers import Tokenizer
 
-    wins = windows(Tokenizer.from_str(loaded.tokenizer_json).encode(pydoc_text("eval")).ids, tokens, context)
-    progress(f"quality: {len(wins)} windows of {context} tokens of held-out text")
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    return {t.name: spread_windows(tokenizer.encode(t.text).ids, tokens, context, t.name) for t in texts}
+
+
+def build_report(loaded: LoadedModel, module: Module, texts: list[Text], windows: dict[str, list[list[int]]],
+                 progress: Progress = lambda s: None) -> dict:
+    """The build's quality report: ``metrics`` of the weights ``module`` stores (float32 torch model)
+    against the source weights on each text's ``windows`` (``report_windows``), and the worst of them,
+    rounded to 4 significant digits so that builds stay byte-identical."""
     ref_model = reference_model(loaded.config, loaded.weights)
     art_model = reference_model(loaded.config, stored_weights(module))
-    stats = [position_stats(reference_logits(ref_model, w), reference_logits(art_model, w), w) for w in wins]
-    report = {k: v if isinstance(v, int) else float(f"{v:.4g}") for k, v in combine(stats).items()}
-    return {"text": "pydoc_data.topics, eval split (even topics)", "tokens": tokens, "context": context,
-            "measured_with": "torch float32 on the stored weights", **report}
+    genres = {}
+    for t in texts:
+        wins = windows[t.name]
+        progress(f"quality: {t.name}, {len(wins)} windows of {len(wins[0])} tokens")
+        stats = [position_stats(reference_logits(ref_model, w), reference_logits(art_model, w), w) for w in wins]
+        genres[t.name] = {k: _rounded(v) for k, v in combine(stats).items()} | ({"sha256": t.sha256} if t.sha256 else {})
+    worst = max(genres, key=lambda g: genres[g]["ppl_increase"])
+    first = windows[texts[0].name]
+    return {"measured_with": "torch float32 on the stored weights", "tokens": len(first) * len(first[0]),
+            "context": len(first[0]),
+            "genres": genres,
+            "worst": {"genre": worst, "ppl_increase": genres[worst]["ppl_increase"],
+                      "top1_agreement": min(r["top1_agreement"] for r in genres.values()),
+                      "kl_mean": max(r["kl_mean"] for r in genres.values())}}
+
+
+def _rounded(v):
+    return v if isinstance(v, int) else float(f"{v:.4g}")
 
 
 def check_source(built_from: str, sha256: str, model: Path) -> None:

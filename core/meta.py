@@ -43,8 +43,11 @@ class Shapes:
 
 @dataclass(frozen=True)
 class RopeTable:
-    """The RoPE lookup table the artifact stores (``passes/rope_table.py``)."""
+    """One RoPE lookup table the artifact stores (``passes/rope_table.py``): a model has one per RoPE
+    (``core/rope.py``'s ``ropes``)."""
 
+    name: str              # the table's parameter ("rope_table")
+    inv_freq: str          # the frequencies' parameter ("rope_inv_freq"), for positions past the table
     config: RopeConfig
     table_length: int      # positions covered; later ones are computed on the fly
     mscale: float          # attention scaling folded into the table
@@ -129,7 +132,7 @@ class ModuleMeta:
     """Everything the passes decided about a module; ``None`` until the pass that decides it ran."""
 
     shapes: Shapes | None = None
-    rope: RopeTable | None = None
+    rope: tuple[RopeTable, ...] = ()
     quant: QuantInfo | None = None
     memory: MemoryPlan | None = None
     passes: tuple[str, ...] = field(default=())
@@ -137,4 +140,9 @@ class ModuleMeta:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "passes", tuple(self.passes))
+        object.__setattr__(self, "rope", tuple(self.rope))
+
+    def rope_table(self, name: str) -> RopeTable:
+        """The record of the RoPE table parameter ``name``."""
+        return next(r for r in self.rope if r.name == name)
 

@@ -54,7 +54,6 @@ import numpy as np
 from grokc.core import tensors as names
 from grokc.core.errors import BuildOptionError
 from grokc.core.ir import (
-    EmbeddingAttrs,
     Module,
     Node,
     OpKind,
@@ -105,7 +104,7 @@ def _quantize_embedding(n: Node, module: Module, recipe: QuantRecipe, out: dict)
     fmt = recipe.embeddings
     if fmt is WeightFormat.F16:
         out[tname] = frozen_array(as_f16(module.params[tname]))
-        return replace(n, attrs=EmbeddingAttrs(fmt))
+        return replace(n, attrs=replace(n.attrs, weight_format=fmt))
     base = tname.removesuffix(".weight")
     codes_name = f"{base}.q8weight" if fmt is WeightFormat.Q8 else f"{base}.qweight"
     codes, scales, zeros, gs = quantize_embedding(module.params[tname], recipe)
@@ -114,7 +113,7 @@ def _quantize_embedding(n: Node, module: Module, recipe: QuantRecipe, out: dict)
     if zeros is not None:
         out[f"{base}.zeros"] = frozen_array(zeros)
         inputs["zeros"] = f"{base}.zeros"
-    return Node(n.op, n.name, inputs, n.outputs, EmbeddingAttrs(fmt, gs))
+    return Node(n.op, n.name, inputs, n.outputs, replace(n.attrs, weight_format=fmt, group_size=gs))
 
 
 def _quantize_linear(n: Node, module: Module, is_head: bool, recipe: QuantRecipe, calibration: Calibration | None,

@@ -75,16 +75,16 @@ def embedding(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
     tokens = _arr(args, "tokens", I32, n).astype(np.int64)  # [n]
     out = _arr(args, "out", F16, n, hidden)                  # [n, H]
     valid = (tokens >= 0) & (tokens < vocab)
-    rows = np.zeros((n, hidden), F16)                        # out-of-range tokens: zero rows
+    rows = np.zeros((n, hidden), F32)                        # out-of-range tokens: zero rows
     if fmt == "f16":
         rows[valid] = _arr(args, "table", F16, vocab, hidden)[tokens[valid]]
     else:
         rows[valid] = _dequantized_rows(args, fmt, tokens[valid])
-    out[...] = rows
+    out[...] = rows * F32(args["scale"])                     # f32 product, rounded to f16 once
 
 
 def _dequantized_rows(args: dict[str, Any], fmt: str, pick: np.ndarray) -> np.ndarray:
-    """f32 ``[len(pick), H]``: rows ``pick`` of a q8/q4 embedding table, dequantized."""
+    """f32 ``[len(pick), H]``: rows ``pick`` of a q8/q4 embedding table, dequantized (not yet scaled)."""
     hidden, vocab, gs = args["hidden"], args["vocab"], args["group_size"]
     if gs < 0 or gs % 8 or (fmt == "q4" and hidden % 8):
         raise ArtifactError(f"{fmt} embedding with hidden={hidden}, group_size={gs}: group_size must be 0 or a "
@@ -101,7 +101,7 @@ def _dequantized_rows(args: dict[str, Any], fmt: str, pick: np.ndarray) -> np.nd
 def dense_weight(args: dict[str, Any], attrs: Mapping[str, str]) -> np.ndarray:
     """The f32 ``[NW, K]`` matrix a linear launch multiplies by (q4 and q8 codes dequantized)."""
     n, k, gs = args["N"], args["K"], args["group_size"]
-    nw = 2 * n if _variant(attrs, "linear", "act") == "silu_mul" else n
+    nw = n if _variant(attrs, "linear", "act") == "none" else 2 * n
     fmt = _variant(attrs, "linear", "weight_format")
     if fmt == "f16":
         return _arr(args, "weight", F16, nw, k).astype(F32)
@@ -161,15 +161,55 @@ def linear(args: dict[str, Any], attrs: Mapping[str, str], dense: np.ndarray | N
     addend = _opt(args, "addend", F32, m, w.shape[0])          # [M, NW]
     if addend is not None:
         y = y + addend
-    if act == "silu_mul":
+    bias = _opt(args, "bias", F16, w.shape[0])                 # [NW]
+    if bias is not None:
+        y = y + bias.astype(F32)
+    if act != "none":
         gate, up = y[:, :n], y[:, n:]                          # gate rows come first
-        with np.errstate(over="ignore"):                       # exp(-gate) -> inf gives silu -> -0
-            y = gate / (F32(1) + np.exp(-gate)) * up           # [M, N]
+        y = _GATES[act](gate) * up                             # [M, N]
     residual = None if args["residual"] is None else \
         _as_f16(args, "residual", _variant(attrs, "linear", "residual_dtype"), m, n)   # [M, N]; may alias out
     if residual is not None:
         y = y + residual.astype(F32)                           # read before out is written
     _arr(args, "out", out_dtype, m, n)[...] = y
+
+
+def _silu(g: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):                           # exp(-g) -> inf gives silu -> -0
+        return g / (F32(1) + np.exp(-g))
+
+
+def _gelu_tanh(g: np.ndarray) -> np.ndarray:
+    return F32(0.5) * g * (F32(1) + np.tanh(F32(math.sqrt(2 / math.pi)) * (g + F32(0.044715) * g * g * g)))
+
+
+_GATES = {"silu_mul": _silu, "gelu_tanh_mul": _gelu_tanh}
+
+
+def rms_norm(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
+    """``out = rms(x) * weight (+ residual)`` per row, f32, rounded once."""
+    m, h = args["M"], args["hidden"]
+    x = _arr(args, "x", F16, m, h).astype(F32)                 # [M, H]
+    inv_rms = F32(1) / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + F32(args["eps"]))   # [M, 1]
+    y = x * inv_rms * _arr(args, "weight", F16, h).astype(F32)
+    residual = _opt(args, "residual", F16, m, h)               # [M, H]; may alias out
+    if residual is not None:
+        y = y + residual.astype(F32)
+    _arr(args, "out", F16, m, h)[...] = y
+
+
+def qk_norm(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
+    """Per-head RMSNorm of the q heads (by ``q_norm``) and k heads (``k_norm``) of qkv; v copied."""
+    m, nh, nkv, d = args["M"], args["n_heads"], args["n_kv_heads"], args["head_dim"]
+    qkv = _arr(args, "qkv", F16, m, nh + 2 * nkv, d)
+    out = _arr(args, "out", F16, m, nh + 2 * nkv, d)
+    heads = qkv[:, :nh + nkv].astype(F32)                      # [M, NH+NKV, D]
+    w = np.concatenate([np.repeat(_arr(args, r, F16, 1, d), n, 0) for r, n in (("q_norm", nh), ("k_norm", nkv))])
+    inv_rms = F32(1) / np.sqrt(np.mean(heads * heads, axis=2, keepdims=True) + F32(args["eps"]))   # [M, heads, 1]
+    normed = heads * inv_rms * w.astype(F32)
+    v = qkv[:, nh + nkv:].copy()                               # read before out is written (they may alias)
+    out[:, :nh + nkv] = normed
+    out[:, nh + nkv:] = v
 
 
 def mlp_decode(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
@@ -183,11 +223,13 @@ def mlp_decode(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
     q4 = {"weight_format": "q4", "out_dtype": "f16"}
     act = np.empty((1, i), F16)
     linear({"out": act, "x": args["x"], "weight": weights[mlp_tiles.Part.GATE_UP], "scales": args["gate_up_scales"],
-            "zeros": args["gate_up_zeros"], "norm": args["norm"], "residual": None, "addend": None, "M": 1, "N": i,
+            "zeros": args["gate_up_zeros"], "norm": args["norm"], "residual": None, "addend": None, "bias": None,
+            "M": 1, "N": i,
             "K": h, "group_size": 0, "eps": args["eps"]}, {**q4, "act": "silu_mul"})
     y = np.empty((1, h), F32)
     linear({"out": y, "x": act, "weight": weights[mlp_tiles.Part.DOWN], "scales": args["down_scales"],
-            "zeros": args["down_zeros"], "norm": None, "residual": args["x"], "addend": None, "M": 1, "N": h, "K": i,
+            "zeros": args["down_zeros"], "norm": None, "residual": args["x"], "addend": None, "bias": None,
+            "M": 1, "N": h, "K": i,
             "group_size": 0, "eps": 0.0}, {**q4, "act": "none", "out_dtype": "f32"})
     acc = _arr(args, "acc", F32, 1, h)
     acc += y
@@ -251,15 +293,19 @@ def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(F16)
 
 
-def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal: bool) -> np.ndarray:
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal: bool, window: int = 0) -> np.ndarray:
     """Softmax attention in f32 of q f16 ``[T, NH, D]`` over k, v f16 ``[S, NKV, D]`` -> ``[T, NH, D]``.
 
-    Query head h reads kv head ``h // (NH // NKV)``; with ``causal`` (T == S) query t sees keys 0..t.
+    Query head h reads kv head ``h // (NH // NKV)``; with ``causal`` (T == S) query t sees keys 0..t,
+    and only ``t - window < j`` of them when ``window > 0``.
     """
     t, nh, d = q.shape
     nkv = k.shape[1]
     g = nh // nkv
-    mask = np.tril(np.ones((t, k.shape[0]), bool)) if causal else None  # [T, S]
+    mask = None
+    if causal:
+        i, j = np.arange(t)[:, None], np.arange(k.shape[0])[None, :]
+        mask = (j <= i) & ((j > i - window) if window > 0 else True)   # [T, S]
     out = np.empty((t, nh, d), F32)
     for j in range(nkv):
         qj = q[:, j * g:(j + 1) * g].astype(F32).transpose(1, 0, 2)       # [G, T, D]
@@ -314,7 +360,7 @@ def attention_prefill(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
     v_cache[blocks, :, rows] = v
     out[t_real:] = 0
     if t_real:
-        out[:t_real] = _attend(q, k, v, args["scale"], causal=True).reshape(t_real, -1)
+        out[:t_real] = _attend(q, k, v, args["scale"], causal=True, window=args["window"]).reshape(t_real, -1)
 
 
 def attention_decode(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
@@ -327,11 +373,13 @@ def attention_decode(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
     k = _rotate(qkv[live, nh:nh + nkv], cos, sin)              # [A, NKV, D]
     v = qkv[live, nh + nkv:]                                   # [A, NKV, D]
     out[...] = 0                                               # inactive: zero row, cache untouched
+    window = args["window"]
     for i, (b, p) in enumerate(zip(live, positions)):
-        blocks, rows = _cache_index(block_table[b], np.arange(p + 1), k_cache.shape[0])  # [p+1]
+        lo = max(0, p - window + 1) if window > 0 else 0       # a local layer reads its window only
+        blocks, rows = _cache_index(block_table[b], np.arange(lo, p + 1), k_cache.shape[0])  # [p+1-lo]
         k_cache[blocks[-1], :, rows[-1]] = k[i]
         v_cache[blocks[-1], :, rows[-1]] = v[i]
-        keys, values = k_cache[blocks, :, rows], v_cache[blocks, :, rows]  # [p+1, NKV, D]
+        keys, values = k_cache[blocks, :, rows], v_cache[blocks, :, rows]  # [p+1-lo, NKV, D]
         out[b] = _attend(q[i:i + 1], keys, values, args["scale"], causal=False).reshape(-1)
 
 
@@ -396,6 +444,8 @@ OPS: dict[str, Callable[[dict[str, Any], dict[str, str]], None]] = {
     "embedding": embedding,
     "linear": linear,
     "sparse_residual": sparse_residual,
+    "rms_norm": rms_norm,
+    "qk_norm": qk_norm,
     "mlp_decode": mlp_decode,
     "pack_mlp_tiles": pack_mlp_tiles,
     "attention_prefill": attention_prefill,

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -90,3 +91,34 @@ def launch(artifact: Path, *flags: str, log: Path, device: str = "cpu", prefix: 
         time.sleep(0.1)
     proc.kill()
     raise AssertionError(f"grokc serve was not ready within {READY_TIMEOUT_S} s:\n{log.read_text()}")
+
+
+class Stream:
+    """A streaming request on a raw socket (``seen``: what has arrived so far)."""
+
+    def __init__(self, sock: socket.socket, seen: bytes):
+        self.sock, self.seen = sock, seen
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def stream_first_chunk(server, body: dict) -> Stream:
+    """Send a streaming request on a raw socket and return it once the first event has arrived."""
+    raw = json.dumps({**body, "stream": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw))
+    seen = b""
+    while b"data:" not in seen:
+        seen += sock.recv(65536)
+    return Stream(sock, seen)
+
+
+def read_all(stream: Stream) -> bytes:
+    """Everything the stream sends, from its first byte, up to [DONE] or an error event."""
+    out = stream.seen
+    while b"data: [DONE]" not in out and b'"error"' not in out and (chunk := stream.sock.recv(65536)):
+        out += chunk
+    stream.close()
+    return out

@@ -1,16 +1,16 @@
 """The architectures grokc compiles, one file per family, and how a model file finds its own.
 
 Each family module defines ``ARCH`` (``architecture.Architecture``) and its torch model. Adding a
-family is its file, its entry in ``_FAMILIES`` and its tests.
+family is its file, its entry in ``ARCHITECTURES`` and its tests.
 """
 
 from __future__ import annotations
 
-from grokc.compiler.models import llama
+from grokc.compiler.models import gemma3, llama, mistral, phi3, qwen2, qwen3
 from grokc.compiler.models.architecture import Architecture
 from grokc.core.errors import UnsupportedModel
 
-ARCHITECTURES: dict[str, Architecture] = {m.ARCH.name: m.ARCH for m in (llama,)}
+ARCHITECTURES: dict[str, Architecture] = {m.ARCH.name: m.ARCH for m in (llama, mistral, qwen2, qwen3, gemma3, phi3)}
 
 
 def supported() -> str:

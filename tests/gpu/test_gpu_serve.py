@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from serve_harness import launch
+from serve_harness import launch, read_all, stream_first_chunk
 
 from grokc.runner import Runner, SamplingParams
 
@@ -99,12 +99,9 @@ def test_gpu_server_refuses_and_stays_healthy(server):
 
 
 def test_gpu_drain_writes_a_profile_of_cuda_event_times(server, gpu_artifact):
-    out = {}
-    reader = threading.Thread(target=lambda: out.setdefault("answer", completion(server, [9, 8, 7], 40)))
-    reader.start()
-    server.proc.send_signal(signal.SIGTERM)
-    reader.join(60)
-    assert out["answer"]["usage"]["completion_tokens"] >= 1
+    stream = stream_first_chunk(server, {"model": MODEL, "prompt": [9, 8, 7], "max_tokens": 40, "temperature": 0})
+    server.proc.send_signal(signal.SIGTERM)   # the request is in flight: the drain must finish it
+    assert b"data: [DONE]" in read_all(stream)
     assert server.proc.wait(60) == 0
     plan = json.loads((gpu_artifact / "sm90" / "plan.json").read_text())
     launches = [e for e in json.loads(server.trace.read_text())["traceEvents"]

@@ -9,7 +9,8 @@ import signal
 import threading
 import time
 
-from test_serve_limits import MODEL, OK, read_all, stream_first_chunk
+from serve_harness import read_all, stream_first_chunk
+from test_serve_limits import MODEL, OK
 
 
 def wait_for(predicate, timeout: float = 10.0) -> bool:
