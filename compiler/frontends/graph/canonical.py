@@ -201,9 +201,9 @@ def _emit(raw: RawIR, emb: Node, blocks: list[_Block], final: Node, head: Node, 
         p = f"blk.{i}"
         x = out(b.attn_norm, f"{p}.attn_norm", {"x": h, "weight": weight(b.attn_norm, "weight", name(Tensor.ATTN_NORM, i))})
         lin = lambda node, kind, src: out(node, f"{p}.{kind.value}", {"x": src, "weight": weight(node, "weight", name(kind, i))})  # noqa: E731
-        q = out(b.q_rope, f"{p}.rope", {"x": lin(b.q, Tensor.ATTN_Q, x), **rope_ins})
-        k = out(b.k_rope, f"{p}.rope.1", {"x": lin(b.k, Tensor.ATTN_K, x), **rope_ins})
-        v = lin(b.v, Tensor.ATTN_V, x)
+        q, k, v = lin(b.q, Tensor.ATTN_Q, x), lin(b.k, Tensor.ATTN_K, x), lin(b.v, Tensor.ATTN_V, x)   # the tracer's order
+        q = out(b.q_rope, f"{p}.rope", {"x": q, **rope_ins})
+        k = out(b.k_rope, f"{p}.rope.1", {"x": k, **rope_ins})
         a = out(b.attention, f"{p}.attention", {"q": q, "k": k, "v": v}, _layer(b.attention.attrs, i))
         h = out(b.add, f"{p}.add", {"a": h, "b": lin(b.attn_output, Tensor.ATTN_OUTPUT, a)})
         x = out(b.ffn_norm, f"{p}.ffn_norm", {"x": h, "weight": weight(b.ffn_norm, "weight", name(Tensor.FFN_NORM, i))})
