@@ -105,3 +105,17 @@ def every_weights_file_opens_with_safetensors():
     store.write = checked
     yield
     store.write = write
+
+
+@pytest.fixture(scope="session")
+def tiny_artifact(tmp_path_factory):
+    """A tiny random Llama (tests/tiny_llama.py) built once: fp16, sm90, batch 2, buckets 16 and 32,
+    max_seq 64. Read-only: tests that change it work on a copy (``shutil.copytree``)."""
+    from tiny_llama import tiny_loaded
+
+    from grokc.compiler.build import BuildOptions, build_loaded
+
+    out = tmp_path_factory.mktemp("tiny_artifact") / "fp16"
+    build_loaded(tiny_loaded(seed=0), out, BuildOptions(quant="fp16", archs=("sm90",), batch=2, buckets=(16, 32),
+                                                        max_seq=64))
+    return out
