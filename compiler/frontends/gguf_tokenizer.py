@@ -95,8 +95,20 @@ def build_tokenizer_json(metadata: Mapping[str, Any]) -> str:
     Raises
     ------
     UnsupportedModel
-        The vocabulary is not byte-level BPE, or tokens/merges are missing.
+        The vocabulary is not byte-level BPE, tokens/merges are missing, or the ``tokenizers``
+        library refuses what they describe (merges of unknown tokens, special ids past the vocabulary).
     """
+    try:
+        return _build_tokenizer_json(metadata)
+    except UnsupportedModel:
+        raise
+    except Exception as exc:  # the tokenizers library raises its own exception types on a bad vocabulary
+        detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise UnsupportedModel(f"GGUF tokenizer metadata does not describe a usable tokenizer ({detail}); "
+                               "re-export the file") from None
+
+
+def _build_tokenizer_json(metadata: Mapping[str, Any]) -> str:
     kind = metadata.get("tokenizer.ggml.model")
     if kind != "gpt2":
         raise UnsupportedModel(

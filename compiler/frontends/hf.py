@@ -33,6 +33,7 @@ from safetensors import safe_open
 
 from grokc.compiler import models
 from grokc.compiler.frontends import LoadedModel, check_weight_shapes, file_sha256
+from grokc.compiler.frontends.config_checks import check_hf_config, check_hf_index
 from grokc.core.config import ModelConfig, RopeConfig, RopeType
 from grokc.core.errors import UnsupportedModel
 
@@ -72,7 +73,9 @@ def safetensors_files(folder: Path) -> list[str]:
     """The weight files: those of ``model.safetensors.index.json``, else every ``*.safetensors``."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(_read_json(index).get("weight_map", {}).values()))
+        raw = _read_json(index)
+        check_hf_index(raw, f"'{index}'")
+        files = sorted(set(raw.get("weight_map", {}).values()))
     else:
         files = sorted(p.name for p in folder.glob("*.safetensors"))
     if not files:
@@ -101,6 +104,7 @@ def folder_sha256(folder: Path, files: list[str] | None = None) -> str:
 def config_from_hf(raw: dict[str, Any], folder: Path, generation: dict[str, Any] | None = None) -> ModelConfig:
     """``ModelConfig`` from a Hugging Face ``config.json`` dict, refusing what grokc cannot compile."""
     where = f"config.json in '{folder}'"
+    check_hf_config(raw, generation, where)
     arch = models.for_hf(raw.get("model_type"), where)
     classes = raw.get("architectures") or []
     if any(c not in arch.hf_classes for c in classes):
@@ -112,21 +116,21 @@ def config_from_hf(raw: dict[str, Any], folder: Path, generation: dict[str, Any]
             f"{where} is a pre-quantized checkpoint (quant_method {quant!r}); load the unquantized fp16/bf16/fp32 model instead"
         )
     extra = arch.hf_config(raw, where)
-    max_pos = int(raw.get("max_position_embeddings", 2048))
-    hidden = int(raw["hidden_size"])
-    heads = int(raw["num_attention_heads"])
     eos = _ids(raw.get("eos_token_id")) + _ids((generation or {}).get("eos_token_id"))
     bos = raw.get("bos_token_id")
     try:
+        max_pos = 2048 if raw.get("max_position_embeddings") is None else int(raw["max_position_embeddings"])
+        hidden = _required(raw, "hidden_size")
+        heads = _required(raw, "num_attention_heads")
         return ModelConfig(
-            vocab_size=int(raw["vocab_size"]),
+            vocab_size=_required(raw, "vocab_size"),
             hidden_size=hidden,
-            intermediate_size=int(raw["intermediate_size"]),
-            num_layers=int(raw["num_hidden_layers"]),
+            intermediate_size=_required(raw, "intermediate_size"),
+            num_layers=_required(raw, "num_hidden_layers"),
             num_heads=heads,
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
             head_dim=int(raw.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=1e-6 if raw.get("rms_norm_eps") is None else float(raw["rms_norm_eps"]),
             rope=_rope_from_hf(raw, where),
             max_position_embeddings=max_pos,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
@@ -141,6 +145,13 @@ def config_from_hf(raw: dict[str, Any], folder: Path, generation: dict[str, Any]
         raise UnsupportedModel(f"{where} describes an inconsistent {arch.name} model: {exc}") from exc
 
 
+def _required(raw: dict[str, Any], key: str) -> int:
+    """An integer key every config has (``check_hf_config`` checked its type); KeyError when absent or null."""
+    if raw.get(key) is None:
+        raise KeyError(key)
+    return int(raw[key])
+
+
 def _rope_from_hf(raw: dict[str, Any], where: str) -> RopeConfig:
     # transformers >= 5 writes `rope_parameters` (theta included); older ones `rope_theta` + `rope_scaling`.
     params = {**(raw.get("rope_scaling") or {}), **(raw.get("rope_parameters") or {})}
@@ -152,7 +163,8 @@ def _rope_from_hf(raw: dict[str, Any], where: str) -> RopeConfig:
     name = params.get("rope_type", params.get("type", "default"))
     if name not in _ROPE_TYPES:
         raise UnsupportedModel(f"{where} uses rope_type {name!r}; supported: {', '.join(_ROPE_TYPES)}")
-    fields = {"theta": float(params.get("rope_theta", raw.get("rope_theta", 10000.0))), "type": _ROPE_TYPES[name]}
+    theta = next((t for t in (params.get("rope_theta"), raw.get("rope_theta")) if t is not None), 10000.0)
+    fields = {"theta": float(theta), "type": _ROPE_TYPES[name]}
     for key, cast in (
         ("factor", float),
         ("low_freq_factor", float),
