@@ -233,3 +233,16 @@ def test_the_gpu_executor_checks_the_plan_as_the_cpu_executor_does(art):
         edit(bad)
         with pytest.raises(ArtifactError, match=fragment):
             GpuExecutor(Plan.from_json(bad), weights, cubin)
+
+
+def test_an_arena_larger_than_the_hosts_memory_is_one_line(art):
+    """The CPU executor checks MemAvailable before it allocates and names both sizes."""
+    import dataclasses
+
+    from grokc.core.errors import TargetError
+    from grokc.runner.cpu import CpuExecutor
+
+    a = open_artifact(art)
+    plan = dataclasses.replace(a.plan("sm90"), arena_bytes=1 << 50)   # 1 PiB
+    with pytest.raises(TargetError, match=r"needs 1048576\.00 GiB of host memory but this machine has [0-9.]+ GiB"):
+        CpuExecutor(plan, a.weights())
