@@ -31,6 +31,7 @@ from grokc.artifacts import kernels_file
 from grokc.artifacts.plan import Buffer, GraphPlan, Launch, Plan
 from grokc.core.errors import ArtifactError, TargetError
 from grokc.runner import cuda_driver as cd
+from grokc.runner.arch import pick_arch
 from grokc.runner.cuda_driver import CudaError, NoCudaDevice  # noqa: F401  (re-exported for the CLI)
 
 WEIGHT_ALIGN = 256
@@ -38,13 +39,11 @@ _PARAM_BYTES = {ArgKind.PTR: 8, ArgKind.I32: 4, ArgKind.F32: 4}
 
 
 def check_device(archs: Mapping[str, bool], ordinal: int = 0) -> str:
-    """The arch of ``archs`` (name -> carries PTX) to run on GPU ``ordinal`` (``session.pick_arch``).
+    """The arch of ``archs`` (name -> carries PTX) to run on GPU ``ordinal`` (``arch.pick_arch``).
 
     Raises ``TargetError`` when the artifact holds no code for this GPU, and ``NoCudaDevice`` when
     there is no CUDA driver or GPU at all (the CLI falls back to the CPU on that one).
     """
-    from grokc.runner.session import pick_arch
-
     with cd.Context(ordinal) as ctx:
         major, minor = ctx.compute_capability
         arch = pick_arch(major, minor, archs)
@@ -70,13 +69,18 @@ class GpuExecutor:
 
     def __init__(self, plan: Plan, weights: Mapping[str, np.ndarray | SyntheticTensor], cubin: bytes, ordinal: int = 0):
         # The CPU executor's own reads would catch a launch past its buffers; a kernel would not.
-        plan.validate(weights=weights, kernels=kernels_file.read(cubin, f"the {plan.arch} kernels").symbols)
+        kernels = kernels_file.read(cubin, f"the {plan.arch} kernels")
+        plan.validate(weights=weights, kernels=kernels.symbols)
         self.plan = plan
         self.ctx = cd.Context(ordinal)
         self._handles: list[Any] = []  # everything to free on close, in creation order
         self._pending: list[np.ndarray] = []  # host copies of queued writes, kept until a sync
         try:
-            _require_arch(self.ctx, [plan.arch])
+            major, minor = self.ctx.compute_capability
+            ptx = bool(kernels.ptx_archs)
+            if pick_arch(major, minor, {plan.arch: ptx}) != plan.arch:
+                raise TargetError(f"the {plan.arch} plan cannot run on GPU {ordinal} ({self.ctx.name}, compute "
+                                  f"capability {major}.{minor}); rebuild with --arch sm{major}{minor}")
             self._load(weights, cubin)
         except BaseException:
             with contextlib.suppress(Exception):  # keep the original error
@@ -104,8 +108,8 @@ class GpuExecutor:
         self.module = self._own(cd.Module(cubin))
         self._checked_kernels: set[str] = set()
         self.ctx.synchronize()  # uploads are done before graphs are captured on the stream
-        self.graphs = {name: self._own(cd.Graph([self._resolve(g, launch) for launch in g.launches], self.stream))
-                       for name, g in self.plan.graphs.items()}
+        self.launches = {name: [self._resolve(g, launch) for launch in g.launches] for name, g in self.plan.graphs.items()}
+        self.graphs = {name: self._own(cd.Graph(launches, self.stream)) for name, launches in self.launches.items()}
         self.ctx.synchronize()  # the memset and uploads are done before the first replay
 
     def _own(self, handle: Any) -> Any:
@@ -190,6 +194,24 @@ class GpuExecutor:
         except KeyError:
             raise KeyError(f"the plan has no graph {graph!r}; it has {sorted(self.graphs)}") from None
         g.launch(self.stream)
+
+    def replay_timed(self, graph: str) -> list[tuple[float, float]]:
+        """Run ``graph``'s launches one by one, a CUDA event before each and after the last; each
+        launch's (start from the first event, duration) in seconds (``runner/executor.py``)."""
+        launches = self.launches.get(graph)
+        if launches is None:
+            raise KeyError(f"the plan has no graph {graph!r}; it has {sorted(self.graphs)}")
+        events = [cd.Event() for _ in range(len(launches) + 1)]
+        try:
+            for event, k in zip(events, launches):
+                event.record(self.stream)
+                cd.launch(k.function, k.grid, k.block, k.smem, k.args, self.stream)
+            events[-1].record(self.stream)
+            ms = [events[0].elapsed_ms(e) for e in events]
+        finally:
+            for e in events:
+                e.close()
+        return [(ms[i] / 1e3, (ms[i + 1] - ms[i]) / 1e3) for i in range(len(launches))]
 
     def synchronize(self) -> None:
         self.stream.synchronize()

@@ -1,7 +1,7 @@
-"""Which arch's plan runs on a GPU (runner/session.py ``pick_arch``): its own SASS, else PTX of an
+"""Which arch's plan runs on a GPU (runner/arch.py ``pick_arch``): its own SASS, else PTX of an
 older arch JIT-compiled, else none."""
 
-from grokc.runner.session import pick_arch
+from grokc.runner.arch import pick_arch
 
 ARCHS = {"sm80": False, "sm90": False, "sm100": True, "sm120": True}
 
