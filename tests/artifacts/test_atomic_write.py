@@ -3,8 +3,8 @@
 A forked child process writes a new artifact over an old one and is sent SIGKILL or SIGINT at each
 line of the write phase in turn (a line tracer over store.py, output_dir.py and safetensors_io.py
 counts the lines it runs; the first, unkilled run says how many there are and where the swap
-begins: every line from there on is a kill point, and 15 spread over the writing before), or after
-a random delay.
+begins: every one of the last 40 lines is a kill point, 20 more spread over the swap's fsyncs and
+10 over the writing before), or after a random delay.
 After each kill the target must hold the old artifact or the new one, byte for byte as written,
 every hash checking; SIGINT must leave no staging folder; the next write removes what SIGKILL left.
 The same runs again with the fallback swap (two renames, for filesystems without RENAME_EXCHANGE),
@@ -103,7 +103,7 @@ def old_and_new(tiny_artifact, tmp_path_factory):
     old_manifest, new_manifest = (tiny_artifact / "manifest.json").read_bytes(), (new / "manifest.json").read_bytes()
     assert old_manifest != new_manifest
     lines, swap_start = map(int, counter.read_text().split())
-    assert 30 < swap_start < lines
+    assert 30 < swap_start < lines - 40
     return tiny_artifact, old_manifest, new_manifest, lines, swap_start
 
 
@@ -120,9 +120,11 @@ def test_a_rebuild_killed_at_any_line_leaves_the_old_or_the_new_artifact(old_and
     source, old, new, lines, swap_start = old_and_new
     target = tmp_path / "out"
     seen = set()
-    # Every line of the swap and the cleanup after it, and 15 lines spread over the writing before it
-    # , SIGKILL and SIGINT alternating.
-    points = sorted({*range(1, swap_start, max(1, swap_start // 15)), *range(swap_start, lines + 1)})
+    # Every one of the last 40 lines (the exchange or the two renames, removing the old artifact, the
+    # cleanup), 20 spread over the fsyncs before them and 10 over the writing: SIGKILL and SIGINT alternating.
+    tail = lines - 40
+    points = sorted({*range(1, swap_start, max(1, swap_start // 10)),
+                     *range(swap_start, tail, max(1, (tail - swap_start) // 20)), *range(tail, lines + 1)})
     for kill_at in points:
         sig = (signal.SIGKILL, signal.SIGINT)[kill_at % 2]
         shutil.rmtree(target, ignore_errors=True)
