@@ -71,12 +71,24 @@ def _embedding(s, a, batch, kv_blocks, rows):
 
 def _linear(s, a, batch, kv_blocks, rows):
     m, n, k = s["M"], s["N"], s["K"]
-    nw = 2 * n if a["act"] == "silu_mul" else n
+    nw = n if a["act"] == "none" else 2 * n   # a gated act reads gate and up rows
     g = _groups(k, s["group_size"])
     return {"out": Extent(_DTYPE[a["out_dtype"]], m * n, True), "x": Extent(_DTYPE[a["x_dtype"]], m * k),
             "weight": _codes(a["weight_format"], nw, k), "scales": Extent(F16, nw * g), "zeros": Extent(F16, nw * g),
             "norm": Extent(F16, k), "residual": Extent(_DTYPE[a["residual_dtype"]], m * n),
-            "addend": Extent(F32, m * nw)}
+            "addend": Extent(F32, m * nw), "bias": Extent(F16, nw)}
+
+
+def _rms_norm(s, a, batch, kv_blocks, rows):
+    m, h = s["M"], s["hidden"]
+    return {"out": Extent(F16, m * h, True), "x": Extent(F16, m * h), "weight": Extent(F16, h),
+            "residual": Extent(F16, m * h)}
+
+
+def _qk_norm(s, a, batch, kv_blocks, rows):
+    m, nh, nkv, d = s["M"], s["n_heads"], s["n_kv_heads"], s["head_dim"]
+    qkv = m * (nh + 2 * nkv) * d
+    return {"out": Extent(F16, qkv, True), "qkv": Extent(F16, qkv), "q_norm": Extent(F16, d), "k_norm": Extent(F16, d)}
 
 
 def _tiles(part: mlp_tiles.Part, hidden: int, inter: int) -> int:
@@ -145,6 +157,8 @@ def _fill_synthetic(s, a, batch, kv_blocks, rows):
 _OPS = {
     "embedding": _embedding,
     "linear": _linear,
+    "rms_norm": _rms_norm,
+    "qk_norm": _qk_norm,
     "mlp_decode": _mlp_decode,
     "pack_mlp_tiles": _pack_mlp_tiles,
     "sparse_residual": _sparse_residual,

@@ -71,8 +71,11 @@ def check_manifest(m: "Manifest", where: str) -> None:
     for token in (*m.tokenizer.eos_token_ids, *([] if m.tokenizer.bos_token_id is None else [m.tokenizer.bos_token_id])):
         if not 0 <= token < vocab:
             raise bad(f"gives the tokenizer token id {token}, outside the vocabulary of {vocab}")
-    if not 0 <= m.rope.table_length <= I32_MAX or m.rope.mscale <= 0:
-        raise bad(f"has a RoPE table of {m.rope.table_length} positions with mscale {m.rope.mscale}")
+    if not m.rope:
+        raise bad("has no RoPE table")
+    for rope in m.rope:
+        if not 0 <= rope.table_length <= I32_MAX or rope.mscale <= 0:
+            raise bad(f"has a RoPE table of {rope.table_length} positions with mscale {rope.mscale}")
     _check_quant(m.quant.recipe, m.quant.quality, bad)
 
 
