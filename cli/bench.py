@@ -23,12 +23,14 @@ from grokc.runner import Runner, SamplingParams
 Progress = Callable[[str], None]
 
 
-def decode_bytes(plan: Plan, weights: dict[str, int], cfg: ModelConfig, batch: int, context: int) -> int:
-    """Bytes one decode step must read: its weights once (one embedding row per slot: of the table and
+def decode_bytes(plan: Plan, weights: dict[str, int], cfg: ModelConfig, batch: int, context: int,
+                 graph: str | None = None) -> int:
+    """Bytes one decode step of ``batch`` requests must read, run by ``graph`` (default
+    ``decode_{batch}``; a ``--deterministic`` plan has only ``decode_B``): its weights once (one embedding row per slot: of the table and
     of its scales and zeros when quantized; one row of the RoPE table per attention launch; the q4
     codes ``mlp_decode`` reads from its tiles, packed from the weights at load) + the KV cache."""
     total = 0
-    for launch in plan.graphs[f"decode_{batch}"].launches:
+    for launch in plan.graphs[graph or f"decode_{batch}"].launches:
         if launch.op == "mlp_decode":
             total += sum(plan.buffers[launch.arg(p).buffer].nbytes for p in ("gate_up_tiles", "down_tiles"))
         for arg in launch.args:
@@ -103,12 +105,13 @@ def bench_artifact(path: Path, steps: int = 100, context: int = 128, baselines: 
     for b in sorted({1, batch}):
         progress(f"grokc decode at batch {b}")
         slots = [engine.add(prompt, SamplingParams(max_new_tokens=steps + 16)) for _ in range(b)]
+        graph = engine.decode_graph()
         ms = _time(lambda: engine.decode(1), ex.synchronize, steps)
         still_active = int(engine.active()[slots].sum())
         for s in slots:
             engine.release(s)
-        nbytes = decode_bytes(plan, sizes, cfg, b, context + steps // 2)
-        decode[b] = {"ms_per_step": ms, "bytes_per_step": nbytes, "GBps": nbytes / (ms * 1e-3) / 1e9,
+        nbytes = decode_bytes(plan, sizes, cfg, b, context + steps // 2, graph)
+        decode[b] = {"graph": graph, "ms_per_step": ms, "bytes_per_step": nbytes, "GBps": nbytes / (ms * 1e-3) / 1e9,
                      "slots_active_at_end": still_active}
     result = {
         "artifact": str(path), "device": runner.executor.ctx.name, "arch": runner.backend.arch,
