@@ -183,7 +183,7 @@ def compile_loaded(loaded: LoadedModel, copts: CompileOptions, check_ir: bool = 
     """Trace a loaded model and run the shared passes on it (no I/O)."""
     progress("tracing with torch.export")
     module = trace_module(loaded.config, loaded.weights)
-    return run_passes(module, shared_passes(copts), check=check_ir, progress=progress)
+    return run_passes(module, shared_passes(copts, loaded.config.moe is not None), check=check_ir, progress=progress)
 
 
 def _quality_gate(loaded: LoadedModel, module: Module, opts: BuildOptions, progress: Progress) -> Module:

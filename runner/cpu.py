@@ -97,11 +97,12 @@ def _dequantized_rows(args: dict[str, Any], fmt: str, pick: np.ndarray) -> np.nd
     return int8.dequantize(_arr(args, "table", U8, vocab, hidden)[pick], scales, zeros, gs)           # [r, H]
 
 
-def dense_weight(args: dict[str, Any], attrs: Mapping[str, str]) -> np.ndarray:
-    """The f32 ``[NW, K]`` matrix a linear launch multiplies by (q4 and q8 codes dequantized)."""
+def dense_weight(args: dict[str, Any], attrs: Mapping[str, str], op: str = "linear") -> np.ndarray:
+    """The f32 ``[NW, K]`` matrix a linear launch multiplies by (q4 and q8 codes dequantized); for a
+    ``moe_linear`` launch (``op``) its experts' matrices one after the other, ``[n_experts * NW, K]``."""
     n, k, gs = args["N"], args["K"], args["group_size"]
-    nw = 2 * n if _variant(attrs, "linear", "act") == "silu_mul" else n
-    fmt = _variant(attrs, "linear", "weight_format")
+    nw = (2 * n if _variant(attrs, op, "act") == "silu_mul" else n) * args.get("n_experts", 1)
+    fmt = _variant(attrs, op, "weight_format")
     if fmt == "f16":
         return _arr(args, "weight", F16, nw, k).astype(F32)
     if k % 8 or gs < 0:
@@ -113,6 +114,15 @@ def dense_weight(args: dict[str, Any], attrs: Mapping[str, str]) -> np.ndarray:
     if fmt == "q8":
         return int8.dequantize(_arr(args, "weight", U8, nw, k), scales, zeros, gs)       # [NW, K]
     return int4.dequantize(_arr(args, "weight", U8, nw, k // 2), scales, zeros, gs)     # [NW, K]
+
+
+def _activate(y: np.ndarray, n: int, act: str) -> np.ndarray:
+    """f32 ``[M, N]`` from the raw products ``y`` ``[M, NW]`` by a ``linear``'s ``act``."""
+    if act != "silu_mul":
+        return y
+    gate, up = y[:, :n], y[:, n:]                              # gate rows come first
+    with np.errstate(over="ignore"):                           # exp(-gate) -> inf gives silu -> -0
+        return gate / (F32(1) + np.exp(-gate)) * up            # [M, N]
 
 
 def _as_f16(args: dict[str, Any], name: str, dtype: str, *shape: int) -> np.ndarray:
@@ -140,10 +150,7 @@ def linear(args: dict[str, Any], attrs: Mapping[str, str], dense: np.ndarray | N
     addend = _opt(args, "addend", F32, m, w.shape[0])          # [M, NW]
     if addend is not None:
         y = y + addend
-    if act == "silu_mul":
-        gate, up = y[:, :n], y[:, n:]                          # gate rows come first
-        with np.errstate(over="ignore"):                       # exp(-gate) -> inf gives silu -> -0
-            y = gate / (F32(1) + np.exp(-gate)) * up           # [M, N]
+    y = _activate(y, n, act)                                   # [M, N]
     residual = None if args["residual"] is None else \
         _as_f16(args, "residual", _variant(attrs, "linear", "residual_dtype"), m, n)   # [M, N]; may alias out
     if residual is not None:
@@ -365,6 +372,94 @@ def sample(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
         active[b] = 0 if t in eos or c + 1 >= max_new[b] else 1
 
 
+# -- mixture of experts ------------------------------------------------------------------------
+
+def moe_route(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
+    """Top-k routing and the grouping of the entries by expert (the ABI's ``moe_route``)."""
+    t_all, e, k, c, gate = args["T"], args["n_experts"], args["top_k"], args["n_shared"], args["shared_gate"] != 0
+    if not 1 <= k <= e or c < 0:
+        raise ArtifactError(f"moe_route with {e} experts, top_k {k}, {c} shared: need 1 <= top_k <= n_experts "
+                            "and n_shared >= 0; rebuild the artifact")
+    slots, stacked = k + c, e + c
+    logits = _arr(args, "logits", F32, t_all, e + gate)         # [T, E (+1)]
+    n_real = _opt(args, "n_real", I32, 1)
+    n = t_all if n_real is None else int(n_real[0])
+    if not 0 <= n <= t_all:
+        raise ValueError(f"moe_route: n_real={n} is outside [0, {t_all}]")
+    lg = logits[:n, :e]                                        # [n, E]
+    chosen = np.argsort(-lg, axis=1, kind="stable")[:, :k]     # [n, k]: largest first, ties by index
+    p = np.exp(lg - lg.max(axis=1, keepdims=True))
+    p = p / p.sum(axis=1, keepdims=True)
+    w = np.take_along_axis(p, chosen, axis=1)                  # [n, k]
+    if args["norm_top_k"]:
+        w = w / w.sum(axis=1, keepdims=True)
+    shared_w = F32(1) / (F32(1) + np.exp(-logits[:n, e])) if gate else np.ones(n, F32)   # [n]
+    experts = np.concatenate([chosen, np.broadcast_to(e + np.arange(c), (n, c))], axis=1)  # [n, S]
+    weights = _arr(args, "weights", F32, t_all, slots)
+    weights[...] = 0
+    weights[:n, :k], weights[:n, k:] = w, shared_w[:, None]
+    entries = np.argsort(experts.reshape(-1), kind="stable")   # [n*S]: by expert, then by token
+    rows = np.empty(n * slots, np.int64)
+    rows[entries] = np.arange(n * slots)
+    slot_rows = _arr(args, "slot_rows", I32, t_all, slots)
+    slot_rows[...] = -1
+    slot_rows[:n] = rows.reshape(n, slots)
+    row_token = _arr(args, "row_token", I32, t_all * slots)
+    row_token[...] = 0
+    row_token[:n * slots] = entries // slots
+    counts = np.bincount(experts.reshape(-1), minlength=stacked)    # [E']
+    _arr(args, "offsets", I32, stacked + 1)[...] = np.concatenate([[0], np.cumsum(counts)])
+    active = _arr(args, "active", I32, stacked + 1)
+    active[...] = 0
+    used = np.flatnonzero(counts)
+    active[0], active[1:1 + used.size] = used.size, used
+
+
+def _expert_rows(args: dict[str, Any], n_experts: int, rows: int) -> np.ndarray:
+    """``offsets`` i32 ``[n_experts + 1]`` of a launch, checked: from 0, never decreasing, within ``rows``."""
+    offsets = _arr(args, "offsets", I32, n_experts + 1).astype(np.int64)
+    if offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] > rows:
+        raise ArtifactError(f"moe offsets {offsets.tolist()} must start at 0, never decrease and end at most at "
+                            f"{rows}; the routing buffer is corrupt")
+    return offsets
+
+
+def moe_gather(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
+    t, r, h = args["T"], args["R"], args["hidden"]
+    total = int(_expert_rows(args, args["n_experts"], r)[-1])
+    tokens = _arr(args, "row_token", I32, r)[:total].astype(np.int64)   # [rows]
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= t):
+        raise ArtifactError(f"moe_gather: a row names a token outside [0, {t}); the routing buffer is corrupt")
+    _arr(args, "out", F16, r, h)[:total] = _prologue(args, t, h)[tokens]
+
+
+def moe_linear(args: dict[str, Any], attrs: Mapping[str, str], dense: np.ndarray | None = None) -> None:
+    """Each expert's rows times its matrix; ``dense`` is ``dense_weight`` of the launch when the caller has it."""
+    r, n, k, ne = args["R"], args["N"], args["K"], args["n_experts"]
+    act = _variant(attrs, "moe_linear", "act")
+    out = _arr(args, "out", F16 if _variant(attrs, "moe_linear", "out_dtype") == "f16" else F32, r, n)
+    w = (dense_weight(args, attrs, "moe_linear") if dense is None else dense).reshape(ne, -1, k)   # [E', NW, K]
+    offsets = _expert_rows(args, ne, r)
+    x = _arr(args, "x", F16, r, k)
+    for e in np.flatnonzero(np.diff(offsets)):
+        a, b = offsets[e], offsets[e + 1]
+        out[a:b] = _activate(x[a:b].astype(F32) @ w[e].T, n, act)
+
+
+def moe_combine(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
+    t, h, slots = args["T"], args["hidden"], args["S"]
+    y = _arr(args, "y", F32, -1, h)                            # [R, H]
+    weights = _arr(args, "weights", F32, t, slots)
+    rows = _arr(args, "slot_rows", I32, t, slots).astype(np.int64)
+    if rows.max(initial=-1) >= y.shape[0]:
+        raise ArtifactError(f"moe_combine: a slot names row {rows.max()} past the {y.shape[0]} rows of y")
+    acc = np.zeros((t, h), F32) if args["residual"] is None else _arr(args, "residual", F16, t, h).astype(F32)
+    for s in range(slots):
+        live = rows[:, s] >= 0
+        acc[live] += weights[live, s, None] * y[rows[live, s]]
+    _arr(args, "out", F16, t, h)[...] = acc
+
+
 def fill_synthetic(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
     n, fill = args["n"], Fill(args["fill"])
     spec = SyntheticTensor("uint8" if fill is Fill.BYTES else "float16", (n,), fill, args["seed"], args["scale"])
@@ -382,8 +477,13 @@ OPS: dict[str, Callable[[dict[str, Any], dict[str, str]], None]] = {
     "take_last": take_last,
     "sample": sample,
     "fill_synthetic": fill_synthetic,
+    "moe_route": moe_route,
+    "moe_gather": moe_gather,
+    "moe_linear": moe_linear,
+    "moe_combine": moe_combine,
 }
 assert OPS.keys() == KERNEL_ABI.keys()
+_DENSE_OPS = {"linear": linear, "moe_linear": moe_linear}   # ops the executor hands a cached dense weight
 
 
 # -- the executor ------------------------------------------------------------------------------
@@ -444,14 +544,14 @@ class CpuExecutor:
         return args
 
     def _dense_weight(self, launch: Launch, args: dict[str, Any]) -> np.ndarray | None:
-        """The cached f32 weight of a linear launch whose matrix comes from the weights file."""
+        """The cached f32 weight of a linear or moe_linear launch whose matrix comes from the weights file."""
         srcs = [launch.arg(p) for p in ("weight", "scales", "zeros")]
         if any(a.buffer is not None for a in srcs):
             return None  # an arena buffer may change between replays
-        key = (*(a.weight for a in srcs), args["N"], args["K"], args["group_size"],
-               *sorted(launch.attrs.items()))
+        key = (launch.op, *(a.weight for a in srcs), args["N"], args["K"], args["group_size"],
+               args.get("n_experts", 1), *sorted(launch.attrs.items()))
         if key not in self._dense:
-            self._dense[key] = dense_weight(args, launch.attrs)
+            self._dense[key] = dense_weight(args, launch.attrs, launch.op)
         return self._dense[key]
 
     # -- Executor protocol ----------------------------------------------------------------------
@@ -465,8 +565,8 @@ class CpuExecutor:
         if graph not in self._graphs:
             raise ArtifactError(f"the plan has no graph {graph!r}; it has {sorted(self._graphs)}")
         for launch, args in self._graphs[graph]:
-            if launch.op == "linear":
-                linear(args, launch.attrs, dense=self._dense_weight(launch, args))
+            if launch.op in _DENSE_OPS:
+                _DENSE_OPS[launch.op](args, launch.attrs, dense=self._dense_weight(launch, args))
             else:
                 OPS[launch.op](args, launch.attrs)
 

@@ -44,6 +44,7 @@ class Architecture:
     # key(name, default) over the GGUF metadata, the file's name -> the same
     gguf_config: ConfigHook = lambda key, where: {}
     gguf_permutes_qk: bool = False              # convert_hf_to_gguf.py interleaved q/k rows (unpermute_qk)
+    gguf_moe: bool = False                      # its GGUF form is gguf_arch with <arch>.expert_count > 0 (Mixtral)
 
     def weight_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """Every weight a model of ``cfg`` has, canonical name -> shape (``[out, in]`` for linears),
@@ -58,11 +59,24 @@ class Architecture:
         return out
 
     def hf_to_canonical(self, cfg: ModelConfig) -> dict[str, str]:
-        """Hugging Face name -> canonical name for every weight of ``weight_shapes(cfg)``."""
+        """Hugging Face name -> canonical name for every weight of ``weight_shapes(cfg)`` that the
+        checkpoints store whole (not one tensor per expert: ``hf_stacked``)."""
         out = {}
         for spec in self.tensors:
-            if not spec.present(cfg):
+            if not spec.present(cfg) or "{e}" in self.hf_names[spec.kind]:
                 continue
             for i in range(cfg.num_layers) if spec.kind.per_layer else (None,):
                 out[f"{self.hf_names[spec.kind].format(i=i)}.{spec.suffix}"] = name(spec.kind, i, spec.suffix)
+        return out
+
+    def hf_stacked(self, cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
+        """Canonical name of each expert-stacked weight whose Hugging Face checkpoints hold one tensor
+        per expert (a name template with ``{e}``) -> those tensors' names, expert 0 first."""
+        out = {}
+        for spec in self.tensors:
+            template = self.hf_names.get(spec.kind, "")
+            if spec.present(cfg) and "{e}" in template:
+                for i in range(cfg.num_layers):
+                    out[name(spec.kind, i, spec.suffix)] = tuple(
+                        f"{template.format(i=i, e=e)}.{spec.suffix}" for e in range(cfg.moe.n_experts))
         return out

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from grokc.compiler.models import ops  # noqa: F401  (registers torch.ops.grokc.*)
+from grokc.compiler.models import moe, ops  # noqa: F401  (registers torch.ops.grokc.*)
 from grokc.compiler.models.architecture import Architecture, TensorSpec
 from grokc.core import rope as rope_math
 from grokc.core.config import ModelConfig
@@ -50,6 +50,9 @@ class Block(nn.Module):
         self.attn_v = nn.Linear(h, cfg.kv_dim, bias=False)
         self.attn_output = nn.Linear(cfg.q_dim, h, bias=False)
         self.ffn_norm = RMSNorm(h, cfg.rms_norm_eps)
+        if cfg.moe is not None:
+            moe.add_params(self, cfg)
+            return
         self.ffn_gate = nn.Linear(h, i, bias=False)
         self.ffn_up = nn.Linear(h, i, bias=False)
         self.ffn_down = nn.Linear(i, h, bias=False)
@@ -64,6 +67,8 @@ class Block(nn.Module):
                                       cfg.head_dim ** -0.5)
         h = h + self.attn_output(a)
         x = self.ffn_norm(h)
+        if cfg.moe is not None:
+            return h + moe.ffn(self, x, cfg, "silu")
         return h + self.ffn_down(F.silu(self.ffn_gate(x)) * self.ffn_up(x))
 
 
@@ -94,7 +99,7 @@ class Llama(nn.Module):
         return F.linear(h, head)                                                       # [T, V]
 
 
-def _hf_config(raw: dict, where: str) -> dict:
+def hf_config(raw: dict, where: str) -> dict:
     """The Llama graph has no biases, SwiGLU MLPs only, and attends over the whole context."""
     for flag in ("attention_bias", "mlp_bias"):
         if raw.get(flag):
@@ -104,7 +109,7 @@ def _hf_config(raw: dict, where: str) -> dict:
     if act != "silu":
         raise UnsupportedModel(f"{where} sets hidden_act {act!r}; only SiLU (SwiGLU) Llama MLPs are supported")
     window, max_pos = raw.get("sliding_window"), int(raw.get("max_position_embeddings", 2048))
-    if raw.get("model_type") == "mistral" and window is not None and window < max_pos:
+    if raw.get("model_type") in ("mistral", "mixtral") and window is not None and window < max_pos:
         raise UnsupportedModel(f"{where} sets sliding_window {window} below max_position_embeddings {max_pos}; "
                                "sliding-window attention is not supported")
     return {}
@@ -115,6 +120,7 @@ def _linear(rows: Callable[[ModelConfig], int], cols: Callable[[ModelConfig], in
 
 
 _H = lambda c: c.hidden_size  # noqa: E731
+_dense = lambda c: c.moe is None  # noqa: E731
 
 ARCH = Architecture(
     name="llama",
@@ -129,13 +135,14 @@ ARCH = Architecture(
         TensorSpec(Tensor.ATTN_V, _linear(lambda c: c.kv_dim, _H)),
         TensorSpec(Tensor.ATTN_OUTPUT, _linear(_H, lambda c: c.q_dim)),
         TensorSpec(Tensor.FFN_NORM, lambda c: (c.hidden_size,)),
-        TensorSpec(Tensor.FFN_GATE, _linear(lambda c: c.intermediate_size, _H)),
-        TensorSpec(Tensor.FFN_UP, _linear(lambda c: c.intermediate_size, _H)),
-        TensorSpec(Tensor.FFN_DOWN, _linear(_H, lambda c: c.intermediate_size)),
+        TensorSpec(Tensor.FFN_GATE, _linear(lambda c: c.intermediate_size, _H), present=_dense),
+        TensorSpec(Tensor.FFN_UP, _linear(lambda c: c.intermediate_size, _H), present=_dense),
+        TensorSpec(Tensor.FFN_DOWN, _linear(_H, lambda c: c.intermediate_size), present=_dense),
+        *moe.TENSORS,
         TensorSpec(Tensor.OUTPUT_NORM, lambda c: (c.hidden_size,)),
         TensorSpec(Tensor.OUTPUT, lambda c: (c.vocab_size, c.hidden_size), present=lambda c: not c.tie_word_embeddings),
     ),
     model=Llama,
-    hf_config=_hf_config,
+    hf_config=hf_config,
     gguf_permutes_qk=True,
 )

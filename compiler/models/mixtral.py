@@ -1,0 +1,56 @@
+"""Mixtral: the Llama block with a mixture of SwiGLU experts in place of its MLP (8 experts, 2 per
+token, weights renormalised over the chosen two). llama.cpp stores it as ``llama`` with
+``llama.expert_count`` set and the experts stacked (``blk.<i>.ffn_gate_exps.weight``);
+Hugging Face checkpoints hold one tensor per expert (``block_sparse_moe.experts.<e>.w1``: gate,
+``w3``: up, ``w2``: down), which the frontend stacks (``hf_stacked``).
+"""
+
+from __future__ import annotations
+
+from grokc.compiler.models import llama
+from grokc.compiler.models.architecture import Architecture
+from grokc.core.config import MoeConfig
+from grokc.core.errors import UnsupportedModel
+from grokc.core.tensors import LLAMA_HF, Tensor
+
+_MOE = "model.layers.{i}.block_sparse_moe"
+HF_NAMES = {
+    **LLAMA_HF,
+    Tensor.FFN_GATE_INP: f"{_MOE}.gate",
+    Tensor.FFN_GATE_EXPS: f"{_MOE}.experts.{{e}}.w1",
+    Tensor.FFN_UP_EXPS: f"{_MOE}.experts.{{e}}.w3",
+    Tensor.FFN_DOWN_EXPS: f"{_MOE}.experts.{{e}}.w2",
+}
+
+
+def _hf_config(raw: dict, where: str) -> dict:
+    llama.hf_config(raw, where)
+    try:
+        experts, top_k = int(raw["num_local_experts"]), int(raw["num_experts_per_tok"])
+        return {"moe": MoeConfig(experts, top_k, int(raw["intermediate_size"]))}
+    except KeyError as exc:
+        raise UnsupportedModel(f"{where} lacks {exc.args[0]!r}, which every Mixtral config has; re-export the model") from exc
+    except ValueError as exc:
+        raise UnsupportedModel(f"{where} describes an inconsistent mixture of experts: {exc}") from exc
+
+
+def _gguf_config(key, where: str) -> dict:
+    try:
+        return {"moe": MoeConfig(int(key("expert_count")), int(key("expert_used_count")), int(key("feed_forward_length")))}
+    except ValueError as exc:
+        raise UnsupportedModel(f"{where} describes an inconsistent mixture of experts: {exc}") from exc
+
+
+ARCH = Architecture(
+    name="mixtral",
+    hf_model_types=("mixtral",),
+    hf_classes=("MixtralForCausalLM",),
+    gguf_arch="llama",
+    gguf_moe=True,
+    tensors=llama.ARCH.tensors,
+    model=llama.Llama,
+    hf_names=HF_NAMES,
+    hf_config=_hf_config,
+    gguf_config=_gguf_config,
+    gguf_permutes_qk=True,
+)
