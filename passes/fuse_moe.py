@@ -93,7 +93,7 @@ def _expand(g: Graph, module: Module, moe: Node, norm: Node | None, add: Node | 
     n_shared = 0
     if a.shared:
         n_shared = shared_chunks(p[moe.inputs["shexp_gate"]].shape[0], gate.shape[1])
-        gate, up, down = _with_shared(gate, up, down, *(p[moe.inputs[r]] for r in ("shexp_gate", "shexp_up", "shexp_down")))
+        gate, up, down = with_shared(gate, up, down, *(p[moe.inputs[r]] for r in ("shexp_gate", "shexp_up", "shexp_down")))
         if a.shared_gate:
             router = _concat([router, p[moe.inputs["shexp_gate_inp"]]], 0)              # [E + 1, H]
     stacked, inter, hidden = gate.shape
@@ -141,7 +141,7 @@ def _concat(parts: list[np.ndarray], axis: int) -> np.ndarray:
     return zeros_like_placeholders(parts, tuple(shape), lambda: np.concatenate(parts, axis))
 
 
-def _with_shared(gate: np.ndarray, up: np.ndarray, down: np.ndarray, s_gate: np.ndarray, s_up: np.ndarray,
+def with_shared(gate: np.ndarray, up: np.ndarray, down: np.ndarray, s_gate: np.ndarray, s_up: np.ndarray,
                  s_down: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The routed experts followed by the shared expert's chunks of their size (zero-padded)."""
     e, inter, hidden = gate.shape
@@ -155,3 +155,20 @@ def _with_shared(gate: np.ndarray, up: np.ndarray, down: np.ndarray, s_gate: np.
     cols = zeros_like_placeholders([s_down], (c, hidden, inter), lambda: np.pad(s_down, ((0, 0), (0, pad)))
                                    .reshape(hidden, c, inter).transpose(1, 0, 2))          # [c, H, I]
     return _concat([gate, rows(s_gate)], 0), _concat([up, rows(s_up)], 0), _concat([down, cols], 0)
+
+
+def canonical_weights(layer: int, router: np.ndarray, gate_up: np.ndarray, down: np.ndarray, n_experts: int,
+                      shared_size: int) -> dict[str, np.ndarray]:
+    """The inverse of the stacking above: a layer's canonical MoE weights from its router ``[E (+1), H]``,
+    ``gate_up`` ``[E', 2I, H]`` and ``down`` ``[E', H, I]`` (the quality report reads them)."""
+    inter = gate_up.shape[1] // 2
+    out = {name(Tensor.FFN_GATE_INP, layer): router[:n_experts], name(Tensor.FFN_GATE_EXPS, layer): gate_up[:n_experts, :inter],
+           name(Tensor.FFN_UP_EXPS, layer): gate_up[:n_experts, inter:], name(Tensor.FFN_DOWN_EXPS, layer): down[:n_experts]}
+    if shared_size:
+        rows = lambda w: w.reshape(-1, w.shape[-1])[:shared_size]                              # noqa: E731
+        out[name(Tensor.FFN_GATE_SHEXP, layer)] = rows(gate_up[n_experts:, :inter])
+        out[name(Tensor.FFN_UP_SHEXP, layer)] = rows(gate_up[n_experts:, inter:])
+        out[name(Tensor.FFN_DOWN_SHEXP, layer)] = down[n_experts:].transpose(1, 0, 2).reshape(down.shape[1], -1)[:, :shared_size]
+    if router.shape[0] > n_experts:
+        out[name(Tensor.FFN_GATE_INP_SHEXP, layer)] = router[n_experts:]
+    return out

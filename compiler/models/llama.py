@@ -68,7 +68,7 @@ class Block(nn.Module):
         h = h + self.attn_output(a)
         x = self.ffn_norm(h)
         if cfg.moe is not None:
-            return h + moe.ffn(self, x, cfg, "silu")
+            return h + moe.ffn(self, x, cfg)
         return h + self.ffn_down(F.silu(self.ffn_gate(x)) * self.ffn_up(x))
 
 

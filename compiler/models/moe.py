@@ -54,13 +54,21 @@ def add_params(block: nn.Module, cfg: ModelConfig) -> None:
                 setattr(block, kind, Weight(*shape))
 
 
-def ffn(block: nn.Module, x: torch.Tensor, cfg: ModelConfig, act: str) -> torch.Tensor:
-    """The MoE FFN of ``block`` on its normed input ``x [T, H]`` -> ``[T, H]``."""
-    def weight(kind: str) -> torch.Tensor | None:
-        return getattr(block, kind).weight if hasattr(block, kind) else None
+def act_name(cfg: ModelConfig) -> str:
+    """The experts' gated activation, a key of ``ACTIVATIONS``."""
+    return "silu"
 
+
+def weight(block: nn.Module, kind: str) -> torch.Tensor | None:
+    """``block``'s parameter of ``kind`` (a name of ``ROUTED`` or ``SHARED``), or None where it has none."""
+    return getattr(block, kind).weight if hasattr(block, kind) else None
+
+
+def ffn(block: nn.Module, x: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """The MoE FFN of ``block`` on its normed input ``x [T, H]`` -> ``[T, H]``."""
     moe = cfg.moe
-    return torch.ops.grokc.moe(x, *(weight(k) for k in ROUTED + SHARED), moe.top_k, moe.norm_top_k, act)
+    return torch.ops.grokc.moe(x, *(weight(block, k) for k in ROUTED + SHARED), moe.top_k, moe.norm_top_k,
+                               act_name(cfg))
 
 
 def route(x: torch.Tensor, router: torch.Tensor, top_k: int, norm_top_k: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,10 +80,15 @@ def route(x: torch.Tensor, router: torch.Tensor, top_k: int, norm_top_k: bool) -
     return weights, experts
 
 
-def gated_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, act: str) -> torch.Tensor:
-    """``down(act(gate x) * up x)`` in fp32: ``x [T, H]``, ``gate``/``up`` [I, H], ``down`` [H, I]."""
+def activation(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
+    """``act(gate x) * up x`` in fp32 (the down projection's input): ``x [T, H]``, ``gate``/``up`` [I, H]."""
     x = x.float()
-    return F.linear(ACTIVATIONS[act](F.linear(x, gate.float())) * F.linear(x, up.float()), down.float())
+    return ACTIVATIONS[act](F.linear(x, gate.float())) * F.linear(x, up.float())
+
+
+def gated_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, act: str) -> torch.Tensor:
+    """``down(act(gate x) * up x)`` in fp32, ``down`` [H, I]."""
+    return F.linear(activation(x, gate, up, act), down.float())
 
 
 @custom_op("grokc::moe", mutates_args=())
