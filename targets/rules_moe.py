@@ -7,7 +7,8 @@
 - ``moe_gather``: one warp per row, ``GATHER_WARPS`` rows a block (``hidden % 8 == 0``).
 - ``moe_linear``, in order: ``gemv2`` when no expert can have more than 8 rows (``T <= 8``: decode),
   linear_gemv2.cuh's body per active expert with the tiling ``rules_linear.gemv2_variant`` picks
-  for one expert's rows (``M = T``), grid ``(blocks of N, min(E', R))``; ``gemm`` (prefill),
+  for one expert's rows (``M = T``) on its share of the SMs (the up to ``min(E', R)`` experts with
+  rows run side by side), grid ``(blocks of N, min(E', R))``; ``gemm`` (prefill),
   linear_gemm.cuh's body per tile of an expert's rows, the tile ``rules_linear.gemm_variant``
   picks for ``M = R``, grid ``(blocks of N, ceil(R / BM) + min(E', R))``; ``ref``, one thread per
   output. Symbols are ``moe_`` + the linear variant's (``moe_linear_gemv2_q4_silu_f16_r1k4...``).
@@ -18,6 +19,8 @@ Same module protocol as ``rules_linear``: ``RULES``, ``HEADERS``, ``kernel_sourc
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from grokc.targets import rules_linear
 from grokc.targets.base import Feature, KernelCall, KernelChoice, KernelRule, Target, c_params
@@ -90,12 +93,13 @@ def rule_gemv2(call: KernelCall, target: Target) -> KernelChoice | None:
     lin = _moe_linear(call, t)
     if lin is None or not lin.gemv2_ok:
         return None
-    v = rules_linear.gemv2_variant(lin, target)
+    experts = _stacked_rows(call)[1]
+    # the experts' GEMVs run side by side: each is tiled as if it had its share of the SMs
+    v = rules_linear.gemv2_variant(lin, dataclasses.replace(target, num_sms=max(1, target.num_sms // experts)))
     smem = v.smem(lin.m, lin.k)
     if smem > target.smem_per_block:
         return None
-    return KernelChoice(f"moe_{v.symbol}", (v.blocks(lin.n), _stacked_rows(call)[1], 1), (v.threads, 1, 1), smem,
-                        "moe.gemv2")
+    return KernelChoice(f"moe_{v.symbol}", (v.blocks(lin.n), experts, 1), (v.threads, 1, 1), smem, "moe.gemv2")
 
 
 def rule_gemm(call: KernelCall, target: Target) -> KernelChoice | None:
@@ -132,7 +136,7 @@ def _linear_source(symbol: str) -> str | None:
     decl, args = c_params("moe_linear", {"out": "void*", "x": "const half*", "weight": "const void*",
                                          "scales": "const half*", "zeros": "const half*", "offsets": "const int*",
                                          "active": "const int*"})
-    common = None if v is None else _cpp_common(v.wf, v.act, v.out)
+    common = _cpp_common(v.wf, v.act, v.out) if isinstance(v, (Gemv2, Gemm, Ref)) else None
     if isinstance(v, Gemv2) and not v.io:
         bounds, body = _bounds(v.threads, max(1, v.minb)), (f"linear_gemv2<{common}, {v.r}, {v.ks}, {v.wn}, {v.d}, "
                                                           f"{v.pf}, {v.nl}, {v.tr}>")
