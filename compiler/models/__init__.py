@@ -6,11 +6,11 @@ family is its file, its entry in ``_FAMILIES`` and its tests.
 
 from __future__ import annotations
 
-from grokc.compiler.models import llama, mixtral
+from grokc.compiler.models import llama, mixtral, qwen2_moe
 from grokc.compiler.models.architecture import Architecture
 from grokc.core.errors import UnsupportedModel
 
-ARCHITECTURES: dict[str, Architecture] = {m.ARCH.name: m.ARCH for m in (llama, mixtral)}
+ARCHITECTURES: dict[str, Architecture] = {m.ARCH.name: m.ARCH for m in (llama, mixtral, qwen2_moe)}
 
 
 def supported() -> str:

@@ -1,6 +1,8 @@
 """Mixture-of-experts checkpoints through both frontends: a tiny Mixtral as transformers saves it
 (one tensor per expert) and as llama.cpp stores it (``llama`` with ``expert_count``, the experts
-stacked in ``ffn_gate_exps`` etc.) load to the same canonical weights and config, bit for bit."""
+stacked in ``ffn_gate_exps`` etc.) load to the same canonical weights and config, bit for bit; a
+tiny Qwen2-MoE as transformers saves it (experts and the shared expert with its gate) loads bit for
+bit, and the Qwen2-MoE settings its graph lacks are refused in one line."""
 
 from __future__ import annotations
 
@@ -107,3 +109,42 @@ def test_inconsistent_expert_count_is_one_line(tmp_path, hf_folder):
     (folder / "model.safetensors").symlink_to(hf_folder / "model.safetensors")
     with pytest.raises(UnsupportedModel, match="inconsistent mixture of experts.*top_k 9"):
         load_model(folder)
+
+
+QWEN = moe_config("qwen2_moe", vocab_size=260, tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def qwen_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen2-moe-hf")
+    weights = moe_weights(QWEN, seed=6)
+    hf_model(QWEN, weights, folder)
+    (folder / "tokenizer.json").write_text(byte_tokenizer_json())
+    return folder, weights
+
+
+def test_qwen2_moe_folder_loads_experts_and_the_gated_shared_expert(qwen_folder):
+    folder, weights = qwen_folder
+    loaded = load_model(folder)
+    assert loaded.config.architecture == "qwen2_moe" and loaded.config.moe == QWEN.moe
+    assert sorted(loaded.weights) == sorted(weights)
+    assert loaded.weights["blk.0.ffn_gate_inp_shexp.weight"].shape == (1, QWEN.hidden_size)
+    for name, w in weights.items():
+        np.testing.assert_array_equal(loaded.weights[name], w, err_msg=name)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"qkv_bias": None}, "attention biases .qkv_bias"),          # absent: transformers' default, on
+    ({"decoder_sparse_step": 2}, "mixes dense and sparse layers"),
+    ({"mlp_only_layers": [1]}, "mixes dense and sparse layers"),
+    ({"shared_expert_intermediate_size": 0}, "inconsistent mixture of experts.*shared gate needs a shared expert"),
+])
+def test_qwen2_moe_settings_the_graph_lacks_are_one_line(tmp_path, qwen_folder, change, message):
+    folder = qwen_folder[0]
+    raw = json.loads((folder / "config.json").read_text())
+    raw = {k: v for k, v in {**raw, **change}.items() if v is not None}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    (tmp_path / "tokenizer.json").write_text((folder / "tokenizer.json").read_text())
+    (tmp_path / "model.safetensors").symlink_to(folder / "model.safetensors")
+    with pytest.raises(UnsupportedModel, match=message):
+        load_model(tmp_path)

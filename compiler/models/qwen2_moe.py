@@ -1,0 +1,66 @@
+"""Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): the Llama block with many small SwiGLU experts
+(``moe_intermediate_size``), top-k weights as softmax probabilities over all experts without
+renormalisation unless ``norm_topk_prob``, and a shared expert every token uses
+(``shared_expert_intermediate_size``) scaled by ``sigmoid(x . shared_expert_gate)``.
+
+Hugging Face checkpoints hold one tensor per expert (``mlp.experts.<e>.gate_proj``), which the
+frontend stacks (``hf_stacked``). Not handled, refused by ``_hf_config``: attention biases
+(``qkv_bias``, on by default and in the published checkpoints; the Llama graph has none yet),
+dense layers between the sparse ones (``decoder_sparse_step`` > 1, ``mlp_only_layers``) and
+sliding-window attention. No GGUF form: llama.cpp's ``qwen2moe`` files always carry the
+attention biases.
+"""
+
+from __future__ import annotations
+
+from grokc.compiler.models import llama
+from grokc.compiler.models.architecture import Architecture
+from grokc.core.config import MoeConfig
+from grokc.core.errors import UnsupportedModel
+from grokc.core.tensors import LLAMA_HF, Tensor
+
+_MLP = "model.layers.{i}.mlp"
+HF_NAMES = {
+    **LLAMA_HF,
+    Tensor.FFN_GATE_INP: f"{_MLP}.gate",
+    Tensor.FFN_GATE_EXPS: f"{_MLP}.experts.{{e}}.gate_proj",
+    Tensor.FFN_UP_EXPS: f"{_MLP}.experts.{{e}}.up_proj",
+    Tensor.FFN_DOWN_EXPS: f"{_MLP}.experts.{{e}}.down_proj",
+    Tensor.FFN_GATE_SHEXP: f"{_MLP}.shared_expert.gate_proj",
+    Tensor.FFN_UP_SHEXP: f"{_MLP}.shared_expert.up_proj",
+    Tensor.FFN_DOWN_SHEXP: f"{_MLP}.shared_expert.down_proj",
+    Tensor.FFN_GATE_INP_SHEXP: f"{_MLP}.shared_expert_gate",
+}
+
+
+def _hf_config(raw: dict, where: str) -> dict:
+    if raw.get("qkv_bias", True):
+        raise UnsupportedModel(f"{where} has attention biases (qkv_bias, on unless set to false); the graph has no "
+                               "biases yet, so only Qwen2-MoE models with qkv_bias=false are supported")
+    if int(raw.get("decoder_sparse_step", 1)) != 1 or raw.get("mlp_only_layers"):
+        raise UnsupportedModel(f"{where} mixes dense and sparse layers (decoder_sparse_step "
+                               f"{raw.get('decoder_sparse_step', 1)}, mlp_only_layers {raw.get('mlp_only_layers')}); "
+                               "only models whose every layer is a mixture of experts are supported")
+    if raw.get("use_sliding_window"):
+        raise UnsupportedModel(f"{where} sets use_sliding_window=true; sliding-window attention is not supported")
+    llama.hf_config(raw, where)
+    try:
+        return {"moe": MoeConfig(int(raw["num_experts"]), int(raw["num_experts_per_tok"]),
+                                 int(raw["moe_intermediate_size"]), norm_top_k=bool(raw.get("norm_topk_prob", False)),
+                                 shared_size=int(raw["shared_expert_intermediate_size"]), shared_gate=True)}
+    except KeyError as exc:
+        raise UnsupportedModel(f"{where} lacks {exc.args[0]!r}, which every Qwen2-MoE config has; re-export the model") from exc
+    except ValueError as exc:
+        raise UnsupportedModel(f"{where} describes an inconsistent mixture of experts: {exc}") from exc
+
+
+ARCH = Architecture(
+    name="qwen2_moe",
+    hf_model_types=("qwen2_moe",),
+    hf_classes=("Qwen2MoeForCausalLM",),
+    gguf_arch=None,
+    tensors=llama.ARCH.tensors,
+    model=llama.Llama,
+    hf_names=HF_NAMES,
+    hf_config=_hf_config,
+)
