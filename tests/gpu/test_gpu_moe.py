@@ -1,7 +1,8 @@
 """Mixture-of-experts plans through CUDA graphs against the CPU executor: routing, grouping and the
 expert kernels on the device in the real launch order.
 
-- a tiny random Mixtral (int4, round to nearest) and a config-only build of a wider one (hidden
+- a tiny random Mixtral and a tiny Qwen2-MoE (its shared expert as chunks every token uses; int4,
+  round to nearest) and a config-only build of a wider one (hidden
   1024, 8 experts of 2048, top 2, synthetic weights, so the expert GEMV and the grouped GEMM run
   at tilings of real size): teacher-forced logits of 3 slots decoded together within ``TOL`` of
   their RMS, prefill's logits too, greedy tokens identical;
@@ -28,12 +29,12 @@ WIDE = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "hidde
         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False}
 
 
-@pytest.fixture(scope="module", params=["tiny", "wide"])
+@pytest.fixture(scope="module", params=["mixtral", "qwen2_moe", "wide"])
 def runners(request, tmp_path_factory, sm):
     root = tmp_path_factory.mktemp(request.param)
     opts = BuildOptions(archs=(f"sm{sm}",), quant="int4-rtn", **OPTS)
-    if request.param == "tiny":
-        build_loaded(moe_loaded(moe_config("mixtral"), seed=3), root / "art", opts)
+    if request.param != "wide":
+        build_loaded(moe_loaded(moe_config(request.param), seed=3), root / "art", opts)
         vocab = 256
     else:
         (root / "config.json").write_text(json.dumps(WIDE))
