@@ -97,14 +97,15 @@ class ArchInfo:
     ptx: bool                     # the kernels file also carries PTX (newer GPUs JIT-compile it)
     kernels: tuple[str, ...]      # kernel symbols in it
     passes: tuple[str, ...]       # the target's own passes, after the shared ones
+    deterministic: bool = False   # kernels chosen for replay-deterministic results (--deterministic)
 
     def to_json(self) -> dict[str, Any]:
         return {"plan": self.plan, "kernels_file": self.kernels_file, "ptx": self.ptx, "kernels": list(self.kernels),
-                "passes": list(self.passes)}
+                "passes": list(self.passes), "deterministic": self.deterministic}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "ArchInfo":
-        return cls(d["plan"], d["kernels_file"], d["ptx"], tuple(d["kernels"]), tuple(d["passes"]))
+        return cls(d["plan"], d["kernels_file"], d["ptx"], tuple(d["kernels"]), tuple(d["passes"]), d["deterministic"])
 
 
 @dataclass(frozen=True)

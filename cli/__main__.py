@@ -1,4 +1,4 @@
-"""``python -m grokc.compiler`` = the ``grokc`` command (for checkouts that are not installed)."""
+"""``python -m grokc.cli`` = the ``grokc`` command (for checkouts that are not installed: scripts/device_env.sh)."""
 
 from grokc.cli.app import main
 

@@ -8,6 +8,7 @@ everything).
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 from pathlib import Path
 from typing import List, Optional
@@ -38,6 +39,23 @@ def _user_errors(command):
             typer.echo(f"grokc: error: {e}", err=True)
             raise typer.Exit(code=1)
     return wrapper
+
+
+# What each optional part needs beyond the base install, by the extra that installs it (pyproject.toml).
+EXTRAS = {"build": ("torch", "gguf"), "serve": ("starlette", "uvicorn", "jinja2")}
+
+
+def _require_extra(extra: str, command: str) -> None:
+    """One line naming the install command when an extra's packages are missing (nothing imported)."""
+    def missing(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is None
+        except ImportError:
+            return True
+    absent = [m for m in EXTRAS[extra] if missing(m)]
+    if absent:
+        raise GrokcError(f"`grokc {command}` needs {', '.join(absent)}, not installed here; "
+                         f"install them with: pip install 'grokc[{extra}]'")
 
 
 def _progress(msg: str) -> None:
@@ -82,22 +100,26 @@ def build(
     lm_head: Optional[str] = typer.Option(None, "--lm-head", help="LM head weights: fp16 (default), int8 (round to nearest, one scale per output channel, --symmetric/--asymmetric apply; half the bytes a decode step reads for it) or int4 (the recipe's rounding; a quarter)."),
     embeddings: Optional[str] = typer.Option(None, "--embeddings", help="Token embedding table: fp16 (default), int8 (symmetric, one scale per row) or int4 (round to nearest per row, or per --group-size group when it divides the hidden size; --symmetric/--asymmetric apply); a tied fp16 LM head keeps its own fp16 copy."),
     fp16_residual: Optional[str] = typer.Option(None, "--fp16-residual", help="Keep this fraction of each int4 weight's entries, those the int4 grid serves worst, as exact f16 corrections beside the codes, e.g. 0.5% (or 0.005); off by default."),
-    calib_samples: int = typer.Option(32, "--calib-samples", help="Calibrated recipes: windows of calibration text (the calibration half of Python's pydoc topics, never evaluated)."),
+    calib_samples: int = typer.Option(32, "--calib-samples", help="Calibrated recipes: windows of calibration text, dealt out evenly over its sources (the shipped mix of seven genres, or each --calib-text)."),
+    calib_text: List[Path] = typer.Option([], "--calib-text", help="Calibrated recipes: calibrate on this UTF-8 file, or every file under this folder, instead of the shipped mix; repeat for several sources."),
     calib_tokens: int = typer.Option(512, "--calib-tokens", help="Calibrated recipes: tokens per calibration window."),
     calib_seed: int = typer.Option(0, "--calib-seed", help="Calibrated recipes: seed that places the windows."),
     sequential: bool = typer.Option(True, "--sequential/--no-sequential", help="Calibrated recipes: calibrate each block on the outputs of the blocks already quantized."),
-    quality_tokens: int = typer.Option(4096, "--quality-tokens", help="Held-out tokens (the evaluation half of the pydoc topics) on which the build reports perplexity, top-1 agreement and KL against the unquantized model, in the manifest and --json; 0 = no report."),
+    quality_tokens: int = typer.Option(4096, "--quality-tokens", help="Held-out tokens of each evaluation genre (shipped: docs, news, fiction, dialogue, encyclopedic; none read by calibration) on which the build reports perplexity, top-1 agreement and KL against the unquantized model, per genre and the worst, in the manifest and --json; 0 = no report."),
+    eval_text: List[Path] = typer.Option([], "--eval-text", help="Also report on this UTF-8 file (or every file under this folder) as a genre of its own; repeat for several."),
     quality_context: int = typer.Option(512, "--quality-context", help="Context length of each window of the quality report."),
-    max_ppl_increase: Optional[str] = typer.Option(None, "--max-ppl-increase", help="Fail the build when the reported perplexity rises by more than this, e.g. 10% (or 0.1)."),
+    max_ppl_increase: Optional[str] = typer.Option(None, "--max-ppl-increase", help="Fail the build when the reported perplexity rises by more than this on any genre, e.g. 10% (or 0.1)."),
     batch: int = typer.Option(4, "--batch", help="Static batch: sequences served at once (decode slots)."),
     buckets: str = typer.Option("128,512", "--buckets", help="Prompt lengths to compile prefill graphs for; a prompt is padded to the smallest that holds it."),
     max_seq: int = typer.Option(2048, "--max-seq", help="Longest sequence (prompt + generated tokens) a slot can hold."),
     kv_blocks: int = typer.Option(0, "--kv-blocks", help="KV-cache blocks of 16 tokens shared by all slots; 0 = batch * max-seq / 16."),
+    deterministic: bool = typer.Option(False, "--deterministic", help="Replay-deterministic, batch-invariant decode: a request's logits are bitwise the same whatever else is batched and run after run (one decode graph at --batch, no kernels that sum in any order; slower when few slots are busy)."),
     synthetic_weights: bool = typer.Option(False, "--synthetic-weights", help="MODEL is a Hugging Face config.json: store a seeded weight spec the runner fills on the GPU (for speed work; the text is noise)."),
     seed: int = typer.Option(0, "--seed", help="Seed of --synthetic-weights."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON when done."),
 ):
     """Compile MODEL into an artifact: cubins per arch, graph plans, weights, tokenizer."""
+    _require_extra("build", "build")
     from grokc.compiler.build import BuildOptions
     from grokc.compiler.build import build as run_build
     from grokc.compiler.calibrate import CalibrationOptions
@@ -106,9 +128,11 @@ def build(
                         embeddings=embeddings,
                         fp16_residual=None if fp16_residual is None else _fraction(fp16_residual, "--fp16-residual"),
                         batch=batch, buckets=_csv_ints(buckets, "--buckets"), max_seq=max_seq, kv_blocks=kv_blocks,
+                        deterministic=deterministic,
                         check_ir=DEBUG["on"], synthetic_seed=seed if synthetic_weights else None,
-                        calibration=CalibrationOptions(calib_samples, calib_tokens, calib_seed, sequential),
+                        calibration=CalibrationOptions(calib_samples, calib_tokens, calib_seed, sequential, tuple(calib_text)),
                         quality_tokens=0 if synthetic_weights else quality_tokens, quality_context=quality_context,
+                        eval_texts=tuple(eval_text),
                         max_ppl_increase=None if max_ppl_increase is None else _fraction(max_ppl_increase, "--max-ppl-increase"))
     out = out or Path("dist") / model.stem.split(".")[0]
     manifest = run_build(model, out, opts, progress=_progress)
@@ -146,6 +170,36 @@ def run(
 
 @app.command()
 @_user_errors
+def serve(
+    artifact: Path = typer.Argument(..., help="Artifact folder written by `grokc build`."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 in a container)."),
+    port: int = typer.Option(8000, "--port", help="Port to listen on (0: any free port, printed)."),
+    device: str = typer.Option("auto", "--device", help="auto (GPU if there is one), cuda, or cpu."),
+    config: Optional[Path] = typer.Option(None, "--config", help="TOML file with a [limits] table (the names below, with underscores); flags win."),
+    model_name: Optional[str] = typer.Option(None, "--model-name", help="The model id clients ask for (default: the artifact folder's name)."),
+    max_prompt_tokens: Optional[int] = typer.Option(None, "--max-prompt-tokens", help="Longest prompt (default and most: the largest bucket); longer: 400 prompt_too_long."),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Largest max_tokens a request may ask (default: max-seq - 1); larger: 400 max_tokens_too_large."),
+    max_queue: Optional[int] = typer.Option(None, "--max-queue", help="Requests that may wait for a slot (default 64); one more: 429 queue_full with Retry-After."),
+    request_timeout: Optional[float] = typer.Option(None, "--request-timeout", help="Seconds from arrival to the last token (default 60); past it: 504 deadline_exceeded, the slot is freed."),
+    max_body_bytes: Optional[int] = typer.Option(None, "--max-body-bytes", help="Largest request body (default 1 MiB); larger: 413 body_too_large."),
+    drain_timeout: Optional[float] = typer.Option(None, "--drain-timeout", help="After SIGTERM, seconds requests in flight may still run (default 30)."),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="Write a Chrome trace (Perfetto) of per-launch times of the first --profile-steps replays of each graph, and print the top launches, at exit."),
+    profile_steps: int = typer.Option(20, "--profile-steps", help="Replays of each graph --profile times."),
+):
+    """Serve the artifact over HTTP: OpenAI-compatible /v1/completions and /v1/chat/completions, /health, /metrics."""
+    _require_extra("serve", "serve")
+    from grokc.serve.limits import load_limits
+    from grokc.serve.server import ServeOptions
+    from grokc.serve.server import serve as run_server
+
+    limits = load_limits(config, {"max_prompt_tokens": max_prompt_tokens, "max_new_tokens": max_new_tokens,
+                                  "max_queue": max_queue, "request_timeout_s": request_timeout,
+                                  "max_body_bytes": max_body_bytes, "drain_timeout_s": drain_timeout})
+    run_server(ServeOptions(artifact, host, port, device, model_name, limits, profile, profile_steps), _progress)
+
+
+@app.command()
+@_user_errors
 def inspect(
     artifact: Path = typer.Argument(..., help="Artifact folder."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
@@ -175,14 +229,19 @@ def verify(
 def evaluate(
     artifact: Path = typer.Argument(..., help="Artifact folder."),
     model: Path = typer.Option(..., "--model", help="Source model the artifact was built from (the fp16 reference)."),
-    tokens: int = typer.Option(1024, "--tokens", help="Tokens of evaluation text."),
+    tokens: int = typer.Option(1024, "--tokens", help="Tokens of each genre's evaluation text."),
     context: int = typer.Option(256, "--context", help="Context length of each evaluated window."),
+    genre: List[str] = typer.Option([], "--genre", help="A shipped held-out genre to measure (docs, news, fiction, dialogue, encyclopedic); repeat for several; default: all."),
+    eval_text: List[Path] = typer.Option([], "--eval-text", help="Also measure this UTF-8 file (or every file under this folder); repeat for several."),
 ):
-    """Perplexity and top-1 agreement of the artifact (CPU plan) against the unquantized model."""
+    """Perplexity, top-1 agreement and KL of the artifact (CPU plan) against the unquantized model, per genre."""
+    _require_extra("build", "eval")
     from grokc.cli.evaluate import evaluate_artifact
+    from grokc.compiler.text import EVAL_GENRES
 
-    typer.echo(json.dumps(evaluate_artifact(artifact, model, tokens=tokens, context=context, progress=_progress),
-                          indent=1, sort_keys=True))
+    result = evaluate_artifact(artifact, model, tokens=tokens, context=context, genres=tuple(genre) or EVAL_GENRES,
+                               extra=tuple(eval_text), progress=_progress)
+    typer.echo(json.dumps(result, indent=1, sort_keys=True))
 
 
 @app.command()
@@ -192,12 +251,13 @@ def bench(
     steps: int = typer.Option(100, "--steps", help="Decode steps timed per measurement."),
     context: int = typer.Option(128, "--context", help="Prompt tokens in the KV cache before decoding."),
     baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="Also time PyTorch eager, eager + CUDA graph and torch.compile on the same shapes."),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="Then time each launch of some prefill and decode replays with CUDA events: a Chrome trace (Perfetto) to this file and the top launches on stderr."),
 ):
     """Time load, first token, prefill per bucket and decode (batch 1 and the build's batch); print JSON."""
     from grokc.cli.bench import bench_artifact
 
     typer.echo(json.dumps(bench_artifact(artifact, steps=steps, context=context, baselines=baselines,
-                                         progress=_progress), indent=1, sort_keys=True))
+                                         progress=_progress, profile=profile), indent=1, sort_keys=True))
 
 
 def main() -> None:

@@ -11,7 +11,6 @@ their values, only on their shapes and dtype, which match the artifact's model i
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -19,12 +18,6 @@ from torch.nn import functional as F
 
 from grokc.core.config import ModelConfig
 from grokc.core.rope import table as rope_table
-
-
-@dataclass
-class DecodeState:
-    tokens: torch.Tensor     # [B] int64
-    positions: torch.Tensor  # [B] int64
 
 
 class TorchDecoder(torch.nn.Module):
@@ -114,6 +107,12 @@ def time_steps(step: Callable[[], object], steps: int, warmup: int = 3) -> float
 
 def decode_baselines(cfg: ModelConfig, batch: int, max_seq: int, context: int, steps: int) -> dict:
     """ms per decode step of the three PyTorch variants at ``batch`` slots, ``context`` cached tokens."""
+    out = _time_decoders(cfg, batch, max_seq, context, steps)
+    torch.cuda.empty_cache()   # the models and graphs died with _time_decoders' frame
+    return out
+
+
+def _time_decoders(cfg: ModelConfig, batch: int, max_seq: int, context: int, steps: int) -> dict:
     torch.manual_seed(0)
     model = TorchDecoder(cfg, batch, max_seq)
     tokens = torch.randint(0, cfg.vocab_size, (batch,), device="cuda")
@@ -135,15 +134,12 @@ def decode_baselines(cfg: ModelConfig, batch: int, max_seq: int, context: int, s
         for _ in range(3):
             compiled(tokens, pos)
         out["compile_cudagraph_fp16"] = time_steps(lambda: compiled(tokens, pos), steps)
-    del model, graph, compiled
-    torch.cuda.empty_cache()
     return out
 
 
 def copy_bandwidth_gbps(nbytes: int = 2 << 30) -> float:
     """Device-to-device copy bandwidth, counting bytes read plus written (the HBM roofline)."""
-    a = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    ms = time_steps(lambda: b.copy_(a), 20)
-    del a, b
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_steps(lambda: dst.copy_(src), 20)
     return 2 * (nbytes // 2) / (ms * 1e-3) / 1e9

@@ -69,8 +69,29 @@ def _time(fn: Callable[[], None], sync: Callable[[], None], steps: int) -> float
     return (time.perf_counter() - t0) * 1e3 / steps
 
 
+def profile_launches(runner: Runner, prompt: list[int], steps: int, out: Path, progress: Progress) -> None:
+    """Per-launch times of ``steps`` replays of the first bucket's prefill and of the full-batch decode
+    graph (``serve/profile.py``), as a Chrome trace in ``out`` and a top-N table."""
+    from grokc.serve.profile import LaunchProfiler
+
+    engine = runner.engine
+    engine.profiler = profiler = LaunchProfiler(runner.plan, steps)
+    slots = []
+    try:
+        for _ in range(engine.shapes.batch):
+            slots.append(engine.add(prompt[:engine.shapes.buckets[0]], SamplingParams(max_new_tokens=steps + 1)))
+        engine.decode(steps)
+        runner.executor.synchronize()
+    finally:
+        engine.profiler = None
+        for s in slots:
+            engine.release(s)
+    profiler.write(out)
+    progress(f"wrote the per-launch profile to {out}\n{profiler.table()}")
+
+
 def bench_artifact(path: Path, steps: int = 100, context: int = 128, baselines: bool = True,
-                   progress: Progress = lambda s: None) -> dict:
+                   progress: Progress = lambda s: None, profile: Path | None = None) -> dict:
     t0 = time.perf_counter()
     runner = Runner(path, device="cuda")
     load_s = time.perf_counter() - t0
@@ -112,6 +133,8 @@ def bench_artifact(path: Path, steps: int = 100, context: int = 128, baselines: 
         "context": context, "steps": steps,
         "grokc": {"load_s": load_s, "ttft_ms": ttft_ms, "prefill_ms": prefill, "decode": decode},
     }
+    if profile is not None:
+        profile_launches(runner, prompt, min(steps, 20), profile, progress)
     runner.executor.close()
     if baselines:
         from grokc.cli.baselines import copy_bandwidth_gbps, decode_baselines

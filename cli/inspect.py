@@ -29,6 +29,15 @@ def describe(path: Path) -> dict:
     return {**body, "plans": graphs}
 
 
+def _quality_lines(r: dict) -> list[str]:
+    """The build's quality report: the worst genre, then one line per genre."""
+    w = r["worst"]
+    return [f"quality  worst {w['genre']} ({w['ppl_increase']:+.1%} perplexity), top-1 >= {w['top1_agreement']}, "
+            f"KL <= {w['kl_mean']}; {r['tokens']} held-out tokens per genre"] + [
+        f"  {name:<14} perplexity {g['ppl_artifact']} vs {g['ppl_reference']} unquantized ({g['ppl_increase']:+.1%}), "
+        f"top-1 {g['top1_agreement']}, KL {g['kl_mean']}" for name, g in r["genres"].items()]
+
+
 def render(info: dict) -> str:
     c, s, q = info["model"], info["shapes"], info["quant"]
     lines = [
@@ -40,9 +49,7 @@ def render(info: dict) -> str:
         f"{'symmetric' if q['symmetric'] else 'asymmetric'}, {q.get('rounding', 'rtn')}; LM head "
         f"{q.get('lm_head', 'f16')}, embeddings {q.get('embeddings', 'f16')}, norms f16"
         + (f"; fp16 residual {q['fp16_residual']:.3g} of the int4 weights" if q.get("fp16_residual") else ""),
-        *([f"quality  perplexity {r['ppl_artifact']} vs {r['ppl_reference']} unquantized ({r['ppl_increase']:+.1%}), "
-           f"top-1 {r['top1_agreement']}, KL {r['kl_mean']} on {r['tokens']} held-out tokens"]
-          if (r := q.get("quality")) else []),
+        *(_quality_lines(q["quality"]) if "genres" in q.get("quality", {}) else []),
         f"shapes   batch {s['batch']}, buckets {s['buckets']}, max_seq {s['max_seq']}, "
         f"KV {s['kv_blocks']} blocks x {s['kv_block_size']} tokens",
         f"rope     {info['rope']['config']['type']} theta {info['rope']['config']['theta']}, table "

@@ -35,6 +35,7 @@ from grokc.compiler.frontends import LoadedModel, load_model
 from grokc.compiler.frontends.synthetic import load_config
 from grokc.compiler.lower import lower
 from grokc.compiler.pipeline import CompileOptions, run_passes, shared_passes, target_passes
+from grokc.compiler.text import EVAL_GENRES, Text, eval_texts, paragraphs, user_text
 from grokc.compiler.trace import trace_module
 from grokc.core.errors import BuildOptionError, QualityError
 from grokc.core.ir import Module, WeightFormat
@@ -58,12 +59,14 @@ class BuildOptions:
     buckets: tuple[int, ...] = (128, 512)
     max_seq: int = 2048
     kv_blocks: int = 0
+    deterministic: bool = False       # replay-deterministic, batch-invariant decode (one decode graph, no atomics)
     check_ir: bool = False
     synthetic_seed: int | None = None  # set: MODEL is a config; weights are seeded and filled at load
     calibration: CalibrationOptions = CalibrationOptions()  # read by calibrated recipes only
     quality_tokens: int = 0           # held-out tokens of the quality report; 0: no report (the CLI's default is 4096)
     quality_context: int = 512
-    max_ppl_increase: float | None = None  # fail when perplexity rises by more than this fraction
+    max_ppl_increase: float | None = None  # fail when perplexity rises by more than this fraction on a genre
+    eval_texts: tuple[Path, ...] = ()  # --eval-text: the user's files (or folders), reported beside the shipped genres
 
     def __post_init__(self) -> None:
         if self.quality_tokens < 0 or self.quality_context < 2:
@@ -76,6 +79,8 @@ class BuildOptions:
             raise BuildOptionError("--max-ppl-increase needs the quality report; set --quality-tokens above 0")
         if self.max_ppl_increase is not None and self.max_ppl_increase < 0:
             raise BuildOptionError(f"--max-ppl-increase {self.max_ppl_increase:.1%} must not be negative")
+        if self.eval_texts and not self.quality_tokens:
+            raise BuildOptionError("--eval-text is read by the quality report; set --quality-tokens above 0")
 
     def compile_options(self) -> CompileOptions:
         if self.quant not in QUANT:
@@ -87,11 +92,13 @@ class BuildOptions:
                      "lm_head": _WEIGHT_FORMATS.get(self.lm_head), "fp16_residual": self.fp16_residual,
                      "embeddings": _WEIGHT_FORMATS.get(self.embeddings)}
         recipe = replace(QUANT[self.quant], **{k: v for k, v in overrides.items() if v is not None})
-        return CompileOptions(StaticShapes(self.batch, tuple(self.buckets), self.max_seq, self.kv_blocks), recipe)
+        shapes = StaticShapes(self.batch, tuple(self.buckets), self.max_seq, self.kv_blocks, self.deterministic)
+        return CompileOptions(shapes, recipe)
 
     @property
     def targets(self) -> list[Target]:
-        return [get_target(a) for a in dict.fromkeys(self.archs)]
+        """The ``--arch`` targets, constrained to deterministic kernels in a deterministic build."""
+        return [replace(get_target(a), deterministic=self.deterministic) for a in dict.fromkeys(self.archs)]
 
 
 # --lm-head and --embeddings: the formats either may take
@@ -115,6 +122,7 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
     targets = opts.targets
     t0 = time.perf_counter()
     copts = opts.compile_options()
+    held_out = _held_out(loaded, opts) if opts.quality_tokens and loaded.synthetic_seed is None else None
     compiled: dict[str, tuple[list[str], bytes]] = {}  # arch -> (kernels, binary) compiled ahead
     if loaded.synthetic_seed is not None:
         if opts.quality_tokens:
@@ -125,6 +133,7 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
                                    "cannot keep one (drop --fp16-residual)")
         copts = replace(copts, quant=copts.quant.uncalibrated())  # random codes are filled at load: layout only
     elif copts.quant.calibrated:
+        _check_held_out(opts.calibration.sources(), held_out[0] if held_out else [], progress)
         # The kernels depend on shapes and formats, not on calibrated values: compile them first, so a
         # toolchain problem shows before minutes of calibration (the final plans reuse the binaries).
         progress("compiling kernels before calibration")
@@ -134,8 +143,8 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
         copts = replace(copts, calibration=calibrate(loaded, copts.quant, opts.calibration, progress))
         progress(f"calibrated in {time.perf_counter() - t1:.1f} s")
     module = compile_loaded(loaded, copts, opts.check_ir, progress)
-    if opts.quality_tokens:
-        module = _quality_gate(loaded, module, opts, progress)
+    if held_out is not None:
+        module = _quality_gate(loaded, module, opts, held_out, progress)
     synthetic = {} if loaded.synthetic_seed is None else synthetic_weights.specs(module.params, loaded.synthetic_seed)
     plans, binaries, archs = {}, {}, {}
     for target in targets:
@@ -153,7 +162,8 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
             kernels, binary = _compile(plan, target, progress)
         plans[target.name], binaries[target.name] = plan, binary
         archs[target.name] = ArchInfo(plan_file(target.name), kernels_file(target.name, target.ptx), target.ptx,
-                                      tuple(kernels), module_t.meta.passes[len(module.meta.passes):])
+                                      tuple(kernels), module_t.meta.passes[len(module.meta.passes):],
+                                      target.deterministic)
     manifest = _manifest(loaded, module, archs, synthetic)
     progress(f"writing {out}")
     stored = {name: a for name, a in module.params.items() if name not in synthetic}
@@ -186,15 +196,40 @@ def compile_loaded(loaded: LoadedModel, copts: CompileOptions, check_ir: bool = 
     return run_passes(module, shared_passes(copts, loaded.config.moe is not None), check=check_ir, progress=progress)
 
 
-def _quality_gate(loaded: LoadedModel, module: Module, opts: BuildOptions, progress: Progress) -> Module:
-    """Record the quality report in ``meta.quant.quality``; fail past ``--max-ppl-increase``."""
-    report = quality.build_report(loaded, module, opts.quality_tokens, opts.quality_context, progress)
-    progress(f"quality: perplexity {report['ppl_artifact']} vs {report['ppl_reference']} unquantized "
-             f"({report['ppl_increase']:+.1%}), top-1 agreement {report['top1_agreement']:.3f}, KL {report['kl_mean']}")
-    if opts.max_ppl_increase is not None and report["ppl_increase"] > opts.max_ppl_increase:
+def _held_out(loaded: LoadedModel, opts: BuildOptions) -> tuple[list[Text], dict[str, list[list[int]]]]:
+    """The quality report's texts (the shipped genres, then each ``--eval-text``) and their windows,
+    read before the long steps so that a missing or short text fails at once."""
+    texts = eval_texts() + [user_text(Path(p), "--eval-text") for p in opts.eval_texts]
+    names = [t.name for t in texts]
+    if len(set(names)) < len(names):
+        raise BuildOptionError(f"--eval-text {sorted(n for n in names if names.count(n) > 1)[0]} is given twice, "
+                               f"or shares its name with a shipped genre ({', '.join(EVAL_GENRES)}); give it once")
+    return texts, quality.report_windows(loaded.tokenizer_json, texts, opts.quality_tokens, opts.quality_context)
+
+
+def _check_held_out(calibration: list[Text], evaluation: list[Text], progress: Progress) -> None:
+    """Warn about each evaluation text that shares paragraphs with the calibration text (possible only
+    with ``--calib-text`` or ``--eval-text``: the shipped texts share none)."""
+    read = set().union(*(paragraphs(t.text) for t in calibration))
+    for t in evaluation:
+        if shared := len(paragraphs(t.text) & read):
+            progress(f"warning: the evaluation text {t.name} shares {shared} of its {len(paragraphs(t.text))} "
+                     "paragraphs with the calibration text, so its report is not held out")
+
+
+def _quality_gate(loaded: LoadedModel, module: Module, opts: BuildOptions,
+                  held_out: tuple[list[Text], dict[str, list[list[int]]]], progress: Progress) -> Module:
+    """Record the quality report in ``meta.quant.quality``; fail when the worst genre passes ``--max-ppl-increase``."""
+    report = quality.build_report(loaded, module, *held_out, progress)
+    for name, r in report["genres"].items():
+        progress(f"quality: {name}: perplexity {r['ppl_artifact']} vs {r['ppl_reference']} unquantized "
+                 f"({r['ppl_increase']:+.1%}), top-1 agreement {r['top1_agreement']:.3f}, KL {r['kl_mean']}")
+    worst = report["worst"]
+    r = report["genres"][worst["genre"]]
+    if opts.max_ppl_increase is not None and worst["ppl_increase"] > opts.max_ppl_increase:
         raise QualityError(
-            f"perplexity rose {report['ppl_increase']:.1%} ({report['ppl_reference']} -> {report['ppl_artifact']} on "
-            f"{report['tokens']} held-out tokens), more than --max-ppl-increase {opts.max_ppl_increase:.1%} allows; "
+            f"perplexity rose {r['ppl_increase']:.1%} on {worst['genre']} ({r['ppl_reference']} -> {r['ppl_artifact']} on "
+            f"{r['positions']} held-out positions), more than --max-ppl-increase {opts.max_ppl_increase:.1%} allows; "
             "choose a grouped recipe (--quant int4-g64) or raise the limit")
     return module.with_(meta=replace(module.meta, quant=replace(module.meta.quant, quality=report)))
 

@@ -7,9 +7,12 @@ per distinct input: q/k/v share one, gate/up another, then o_proj's and down_pro
 ``names.LM_HEAD`` for the LM head's normed input). The quantize pass turns them into GPTQ
 codes; it never runs the model itself.
 
-Text: the calibration split of the pydoc topics (``text.pydoc_text("calibration")``), never the
-split that ``grokc eval`` and the build's quality report measure. Windows start at offsets drawn
-by ``numpy.random.default_rng(opts.seed)``, so the statistics are a function of the inputs.
+Text: the shipped calibration mix (``text.calibration_texts()``: seven genres, none of them one the
+quality report measures, and no paragraph of any evaluation text), or only the user's
+``--calib-text`` files and folders (``opts.texts``). The ``opts.samples`` windows are dealt out
+evenly over the sources (the first ones get one more when they do not divide), so a long source
+does not swamp a short one; each source's windows start at offsets drawn, source after source, by
+``numpy.random.default_rng(opts.seed)``, so the statistics are a function of the inputs.
 
 Sequential (``opts.sequential``): the blocks are calibrated one after another, and each block's
 outputs are recomputed with its weights already quantized (by the same function the pass uses),
@@ -20,6 +23,7 @@ embedding table is dequantized before block 0 for the same reason.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -29,7 +33,7 @@ from tokenizers import Tokenizer
 from grokc.compiler import calibrate_moe
 from grokc.compiler.frontends import LoadedModel
 from grokc.compiler.quality import reference_model
-from grokc.compiler.text import pydoc_text
+from grokc.compiler.text import Text, calibration_texts, user_text
 from grokc.core import tensors as names
 from grokc.core.errors import BuildOptionError
 from grokc.core.ir import WeightFormat
@@ -52,6 +56,7 @@ class CalibrationOptions:
     tokens: int = 512       # tokens per window
     seed: int = 0           # draws the windows' offsets
     sequential: bool = True  # propagate each block's quantized outputs to the next
+    texts: tuple[Path, ...] = ()  # --calib-text: the user's files or folders; empty: the shipped mix
 
     def __post_init__(self) -> None:
         if self.samples < 1:
@@ -59,26 +64,46 @@ class CalibrationOptions:
         if self.tokens < 2:
             raise BuildOptionError(f"--calib-tokens {self.tokens} must be at least 2")
 
-    def to_json(self) -> dict:
-        return {"text": "pydoc_data.topics, calibration split (odd topics less paragraphs of the even ones)", "samples": self.samples,
+    def sources(self) -> list[Text]:
+        """The texts calibration reads: the user's when given, else the shipped mix."""
+        return [user_text(Path(p), "--calib-text") for p in self.texts] if self.texts else calibration_texts()
+
+    def to_json(self, sources: list[Text], counts: list[int]) -> dict:
+        return {"text": [{**t.describe(), "windows": n} for t, n in zip(sources, counts)], "samples": self.samples,
                 "tokens": self.tokens, "seed": self.seed, "sequential": self.sequential}
 
 
-def calibration_windows(token_ids: list[int], opts: CalibrationOptions) -> list[list[int]]:
-    """``opts.samples`` windows of ``opts.tokens`` tokens at seeded offsets, in text order."""
-    span = len(token_ids) - opts.tokens
+def dealt(samples: int, sources: int) -> list[int]:
+    """``samples`` windows dealt out over ``sources``: evenly, one more for the first ``samples % sources``."""
+    return [samples // sources + (i < samples % sources) for i in range(sources)]
+
+
+def calibration_windows(token_ids: list[int], n: int, tokens: int, rng: np.random.Generator,
+                        name: str) -> list[list[int]]:
+    """``n`` windows of ``tokens`` tokens of one source at offsets drawn by ``rng``, in text order."""
+    span = len(token_ids) - tokens
     if span < 0:
-        raise BuildOptionError(f"--calib-tokens {opts.tokens} is longer than the calibration text "
-                               f"({len(token_ids)} tokens); use at most {len(token_ids)}")
-    starts = np.sort(np.random.default_rng(opts.seed).integers(0, span + 1, opts.samples))
-    return [token_ids[s:s + opts.tokens] for s in starts.tolist()]
+        raise BuildOptionError(f"--calib-tokens {tokens} is longer than the calibration text {name} "
+                               f"({len(token_ids)} tokens); use at most {len(token_ids)} or give more text")
+    starts = np.sort(rng.integers(0, span + 1, n))
+    return [token_ids[s:s + tokens] for s in starts.tolist()]
+
+
+def mix_windows(encoded: list[list[int]], sources: list[Text], opts: CalibrationOptions) -> tuple[list[list[int]], list[int]]:
+    """Every source's windows (``dealt`` counts), source after source, and the counts."""
+    counts = dealt(opts.samples, len(sources))
+    rng = np.random.default_rng(opts.seed)
+    wins = [w for ids, t, n in zip(encoded, sources, counts) for w in calibration_windows(ids, n, opts.tokens, rng, t.name)]
+    return wins, counts
 
 
 def calibrate(loaded: LoadedModel, recipe: QuantRecipe, opts: CalibrationOptions,
               progress: Progress = lambda s: None) -> Calibration:
-    """The statistics the quantize pass needs for ``recipe``, measured on the calibration split."""
-    tokens = Tokenizer.from_str(loaded.tokenizer_json).encode(pydoc_text("calibration")).ids
-    wins = calibration_windows(tokens, opts)
+    """The statistics the quantize pass needs for ``recipe``, measured on the calibration texts."""
+    sources = opts.sources()
+    tokenizer = Tokenizer.from_str(loaded.tokenizer_json)
+    wins, counts = mix_windows([tokenizer.encode(t.text).ids for t in sources], sources, opts)
+    progress(f"calibration text: {', '.join(f'{t.name} ({n})' for t, n in zip(sources, counts))}")
     model = reference_model(loaded.config, loaded.weights).requires_grad_(False)
     quantize = None
     if opts.sequential:
@@ -91,7 +116,7 @@ def calibrate(loaded: LoadedModel, recipe: QuantRecipe, opts: CalibrationOptions
             table.copy_(torch.from_numpy(dequantized_embedding(table.numpy(), recipe)))
     experts: list[calibrate_moe.ExpertStats] = []
     hessians = collect(model, wins, quantize, progress, experts)
-    info = {**opts.to_json(), **({"experts": calibrate_moe.summary(experts)} if experts else {})}
+    info = {**opts.to_json(sources, counts), **({"experts": calibrate_moe.summary(experts)} if experts else {})}
     return Calibration(hessians, info)
 
 

@@ -65,7 +65,7 @@ def target_passes(target: Target) -> list[Pass]:
     """One architecture's passes, in order, after the shared ones."""
     mlp = [("fuse_decode_mlp", lambda m: fuse_decode_mlp.run(m, lambda h, i: rules_mlp.fits(target, h, i)))]
     return [
-        *(mlp if all(target.has(f) for f in rules_mlp.NEEDS) else []),   # only targets with the kernel
+        *(mlp if rules_mlp.available(target) else []),   # only targets with the kernel
         ("memory_plan", memory_plan.run),
     ]
 

@@ -11,11 +11,12 @@ measured in one of two ways:
   stores (int4 codes dequantized plus any fp16 residual, everything else f16-rounded): what the
   weight recipe costs, one forward per window (seconds). On SmolLM2 the two agree to about 0.1 % in perplexity.
 
-Text: the standard library's ``pydoc_data.topics`` (English prose shipped with Python), split by
-topic: sorted by name, the topics at even positions are the evaluation split, those at odd
-positions the calibration split (``compiler/calibrate.py``), less every paragraph that an
-evaluation topic also holds. Evaluation never reads calibration text, and every machine
-evaluates the same tokens with no download.
+Text: the build report measures every held-out genre shipped with the package (``text.eval_texts``:
+the pydoc evaluation split, news, fiction, dialogue, encyclopedic prose; calibration never reads
+them) plus the user's ``--eval-text`` files, each on its own: ``tokens`` tokens in windows spread
+evenly over the text. It reports each genre and the worst (the largest perplexity increase, the
+lowest top-1 agreement, the largest KL), and ``--max-ppl-increase`` judges the worst. Every
+machine evaluates the same tokens with no download.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 from grokc.abi import int4, int8
 from grokc.compiler import models
 from grokc.compiler.frontends import LoadedModel
-from grokc.compiler.text import pydoc_text, windows
+from grokc.compiler.text import Text, spread_windows
 from grokc.core import tensors as names
 from grokc.core.config import ModelConfig
 from grokc.core.errors import ArtifactError
@@ -165,21 +166,40 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def build_report(loaded: LoadedModel, module: Module, tokens: int, context: int,
-                 progress: Progress = lambda s: None) -> dict:
-    """The build's quality report: ``metrics`` of the weights ``module`` stores (float32 torch model)
-    against the source weights on the evaluation split, rounded to 4 significant digits so that
-    builds stay byte-identical."""
+def report_windows(tokenizer_json: str, texts: list[Text], tokens: int, context: int) -> dict[str, list[list[int]]]:
+    """Each text's evaluation windows (``spread_windows``), by name: tokenized before the build's long
+    steps, so a text too short for ``tokens`` fails at once."""
     from tokenizers import Tokenizer
 
-    wins = windows(Tokenizer.from_str(loaded.tokenizer_json).encode(pydoc_text("eval")).ids, tokens, context)
-    progress(f"quality: {len(wins)} windows of {context} tokens of held-out text")
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    return {t.name: spread_windows(tokenizer.encode(t.text).ids, tokens, context, t.name) for t in texts}
+
+
+def build_report(loaded: LoadedModel, module: Module, texts: list[Text], windows: dict[str, list[list[int]]],
+                 progress: Progress = lambda s: None) -> dict:
+    """The build's quality report: ``metrics`` of the weights ``module`` stores (float32 torch model)
+    against the source weights on each text's ``windows`` (``report_windows``), and the worst of them,
+    rounded to 4 significant digits so that builds stay byte-identical."""
     ref_model = reference_model(loaded.config, loaded.weights)
     art_model = reference_model(loaded.config, stored_weights(module))
-    stats = [position_stats(reference_logits(ref_model, w), reference_logits(art_model, w), w) for w in wins]
-    report = {k: v if isinstance(v, int) else float(f"{v:.4g}") for k, v in combine(stats).items()}
-    return {"text": "pydoc_data.topics, eval split (even topics)", "tokens": tokens, "context": context,
-            "measured_with": "torch float32 on the stored weights", **report}
+    genres = {}
+    for t in texts:
+        wins = windows[t.name]
+        progress(f"quality: {t.name}, {len(wins)} windows of {len(wins[0])} tokens")
+        stats = [position_stats(reference_logits(ref_model, w), reference_logits(art_model, w), w) for w in wins]
+        genres[t.name] = {k: _rounded(v) for k, v in combine(stats).items()} | ({"sha256": t.sha256} if t.sha256 else {})
+    worst = max(genres, key=lambda g: genres[g]["ppl_increase"])
+    first = windows[texts[0].name]
+    return {"measured_with": "torch float32 on the stored weights", "tokens": len(first) * len(first[0]),
+            "context": len(first[0]),
+            "genres": genres,
+            "worst": {"genre": worst, "ppl_increase": genres[worst]["ppl_increase"],
+                      "top1_agreement": min(r["top1_agreement"] for r in genres.values()),
+                      "kl_mean": max(r["kl_mean"] for r in genres.values())}}
+
+
+def _rounded(v):
+    return v if isinstance(v, int) else float(f"{v:.4g}")
 
 
 def check_source(built_from: str, sha256: str, model: Path) -> None:

@@ -37,5 +37,10 @@ class ArtifactError(GrokcError):
     """An artifact is missing, corrupt, tampered with, or from an incompatible grokc."""
 
 
-class RequestError(GrokcError):
-    """A generation request does not fit the artifact (prompt too long, KV cache full, ...)."""
+class RequestError(GrokcError, ValueError):
+    """A generation request does not fit the artifact (prompt too long, KV cache full, ...) or has a
+    value out of range (a NaN temperature); also a ``ValueError``, as Python code expects."""
+
+
+class RequestTypeError(RequestError, TypeError):
+    """A generation request's argument has the wrong type (``temperature="hot"``); also a ``TypeError``."""

@@ -44,6 +44,7 @@ class StaticShapes:
     buckets: tuple[int, ...]
     max_seq: int
     kv_blocks: int = 0  # 0: enough for every slot to hold max_seq tokens
+    one_decode_graph: bool = False  # only decode_<batch>: every step runs the same kernels (deterministic builds)
 
     @property
     def max_blocks_per_seq(self) -> int:
@@ -51,8 +52,9 @@ class StaticShapes:
 
     @property
     def decode_batches(self) -> tuple[int, ...]:
-        """Batch sizes that get a decode graph: 1, 2, 4, ... below ``batch``, and ``batch``."""
-        sizes = [1 << i for i in range(self.batch.bit_length()) if (1 << i) < self.batch]
+        """Batch sizes that get a decode graph: 1, 2, 4, ... below ``batch``, and ``batch`` (only
+        ``batch`` with ``one_decode_graph``)."""
+        sizes = [] if self.one_decode_graph else [1 << i for i in range(self.batch.bit_length()) if (1 << i) < self.batch]
         return tuple(sizes + [self.batch])
 
     @property

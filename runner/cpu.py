@@ -17,6 +17,7 @@ keeps an f32 copy of every linear weight (dequantized once when q4 or q8), so re
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -140,13 +141,33 @@ def _prologue(args: dict[str, Any], m: int, k: int, x_dtype: str = "f16") -> np.
     return x
 
 
+ROW_BLOCK = 8
+
+
+def matmul_rows(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """f32 ``x [M, K] @ w.T`` (``w [NW, K]``), each row's sums independent of every other row.
+
+    BLAS picks its kernels (and so the order of each dot product's additions) by the shape: one
+    matmul of ``M`` rows would make a row's bits depend on how many other rows share it, i.e. on
+    how many slots a decode step serves. Here the rows go through in blocks of ``ROW_BLOCK``
+    (the last one zero-padded), every block one matmul of the same shape, so a row comes out the
+    same whatever ``M``, its index or the other rows are: batch invariance (``decode_1`` and
+    ``decode_B`` give a request the same logits) and bucket invariance (padding rows change nothing).
+    """
+    m, k = x.shape
+    blocks = -(-m // ROW_BLOCK)
+    padded = np.zeros((blocks * ROW_BLOCK, k), F32)
+    padded[:m] = x
+    return (padded.reshape(blocks, ROW_BLOCK, k) @ w.T).reshape(blocks * ROW_BLOCK, w.shape[0])[:m]
+
+
 def linear(args: dict[str, Any], attrs: Mapping[str, str], dense: np.ndarray | None = None) -> None:
     """``out = epilogue(prologue(x) @ W^T)``; ``dense`` is W as f32 ``[NW, K]`` when the caller has it."""
     m, n, k = args["M"], args["N"], args["K"]
     act = _variant(attrs, "linear", "act")
     out_dtype = F16 if _variant(attrs, "linear", "out_dtype") == "f16" else F32
     w = dense_weight(args, attrs) if dense is None else dense  # [NW, K]
-    y = _prologue(args, m, k, _variant(attrs, "linear", "x_dtype")) @ w.T   # [M, NW]
+    y = matmul_rows(_prologue(args, m, k, _variant(attrs, "linear", "x_dtype")), w)  # [M, NW]
     addend = _opt(args, "addend", F32, m, w.shape[0])          # [M, NW]
     if addend is not None:
         y = y + addend
@@ -561,14 +582,29 @@ class CpuExecutor:
     def read(self, buffer: str) -> np.ndarray:
         return self._buffers[buffer].copy()
 
-    def replay(self, graph: str) -> None:
+    def _launches(self, graph: str) -> list[tuple[Launch, dict[str, Any]]]:
         if graph not in self._graphs:
             raise ArtifactError(f"the plan has no graph {graph!r}; it has {sorted(self._graphs)}")
-        for launch, args in self._graphs[graph]:
-            if launch.op in _DENSE_OPS:
-                _DENSE_OPS[launch.op](args, launch.attrs, dense=self._dense_weight(launch, args))
-            else:
-                OPS[launch.op](args, launch.attrs)
+        return self._graphs[graph]
+
+    def _run(self, launch: Launch, args: dict[str, Any]) -> None:
+        if launch.op in _DENSE_OPS:
+            _DENSE_OPS[launch.op](args, launch.attrs, dense=self._dense_weight(launch, args))
+        else:
+            OPS[launch.op](args, launch.attrs)
+
+    def replay(self, graph: str) -> None:
+        for launch, args in self._launches(graph):
+            self._run(launch, args)
+
+    def replay_timed(self, graph: str) -> list[tuple[float, float]]:
+        """``replay``, returning each launch's (start from the first, duration) in seconds."""
+        times, t0 = [], time.perf_counter()
+        for launch, args in self._launches(graph):
+            start = time.perf_counter()
+            self._run(launch, args)
+            times.append((start - t0, time.perf_counter() - start))
+        return times
 
     def synchronize(self) -> None:
         pass

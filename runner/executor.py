@@ -21,5 +21,11 @@ class Executor(Protocol):
     def replay(self, graph: str) -> None:
         """Queue one run of the graph; may return before it finishes."""
 
+    def replay_timed(self, graph: str) -> list[tuple[float, float]]:
+        """Run the graph once and wait: each launch's (start from the first, duration) in seconds.
+
+        For profiling (``runner/profile.py``): the GPU runs the launches one by one between CUDA
+        events, outside their CUDA graph, so the sum is a little more than a replay takes."""
+
     def synchronize(self) -> None:
         """Wait until every queued replay has finished."""

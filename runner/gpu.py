@@ -108,8 +108,8 @@ class GpuExecutor:
         self.module = self._own(cd.Module(cubin))
         self._checked_kernels: set[str] = set()
         self.ctx.synchronize()  # uploads are done before graphs are captured on the stream
-        self.graphs = {name: self._own(cd.Graph([self._resolve(g, launch) for launch in g.launches], self.stream))
-                       for name, g in self.plan.graphs.items()}
+        self.launches = {name: [self._resolve(g, launch) for launch in g.launches] for name, g in self.plan.graphs.items()}
+        self.graphs = {name: self._own(cd.Graph(launches, self.stream)) for name, launches in self.launches.items()}
         self.ctx.synchronize()  # the memset and uploads are done before the first replay
 
     def _own(self, handle: Any) -> Any:
@@ -194,6 +194,24 @@ class GpuExecutor:
         except KeyError:
             raise KeyError(f"the plan has no graph {graph!r}; it has {sorted(self.graphs)}") from None
         g.launch(self.stream)
+
+    def replay_timed(self, graph: str) -> list[tuple[float, float]]:
+        """Run ``graph``'s launches one by one, a CUDA event before each and after the last; each
+        launch's (start from the first event, duration) in seconds (``runner/executor.py``)."""
+        launches = self.launches.get(graph)
+        if launches is None:
+            raise KeyError(f"the plan has no graph {graph!r}; it has {sorted(self.graphs)}")
+        events = [cd.Event() for _ in range(len(launches) + 1)]
+        try:
+            for event, k in zip(events, launches):
+                event.record(self.stream)
+                cd.launch(k.function, k.grid, k.block, k.smem, k.args, self.stream)
+            events[-1].record(self.stream)
+            ms = [events[0].elapsed_ms(e) for e in events]
+        finally:
+            for e in events:
+                e.close()
+        return [(ms[i] / 1e3, (ms[i + 1] - ms[i]) / 1e3) for i in range(len(launches))]
 
     def synchronize(self) -> None:
         self.stream.synchronize()

@@ -18,7 +18,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from grokc.artifacts.store import Artifact, open_artifact
-from grokc.core.errors import GrokcError
+from grokc.core.errors import GrokcError, RequestTypeError
 from grokc.runner.engine import Engine, SamplingParams
 from grokc.runner.executor import Executor
 
@@ -90,8 +90,17 @@ class Runner:
 
     def generate(self, prompt: str | list[str], max_new_tokens: int = 32, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> str | list[str]:
-        """Continuations of ``prompt`` (one string, or a list served ``batch`` at a time)."""
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        """Continuations of ``prompt`` (one string, or a list served ``batch`` at a time).
+
+        Bad arguments raise ``RequestTypeError`` (a ``TypeError``) or ``RequestError`` (a
+        ``ValueError``) before anything runs; ``seed`` is in ``[0, 2**32)``.
+        """
+        prompts = [prompt] if isinstance(prompt, str) else prompt
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise RequestTypeError(f"prompt must be a string or a non-empty list of strings, not {prompt!r:.80}")
+        for p in prompts:
+            if not isinstance(p, str):
+                raise RequestTypeError(f"every prompt must be a string, not {type(p).__name__} {p!r:.80}")
         params = SamplingParams(max_new_tokens, temperature, top_k, top_p, seed)
         outs = [self.decode(ids) for ids in self.generate_ids([self.encode(p) for p in prompts], params)]
         return outs[0] if isinstance(prompt, str) else outs

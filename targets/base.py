@@ -36,6 +36,9 @@ class Target:
     num_sms: int                     # multiprocessors of the reference part (for grid sizing)
     features: frozenset[Feature]
     ptx: bool = False                # also embed PTX, which newer GPUs JIT-compile (nvcc.py)
+    # a deterministic build's constraint on the rules: only kernels whose results do not depend on
+    # the order blocks or warps finish in (no atomics, no split-K sums added in any order)
+    deterministic: bool = False
 
     @property
     def nvcc_arch(self) -> str:

@@ -59,7 +59,7 @@ def translation_unit(kernels: Sequence[str], trace: bool = False) -> str:
     """The CUDA source compiled for ``kernels``: owners' headers, then one entry point per symbol.
 
     ``trace``: every entry point opens a ``grokc_trace::Scope`` numbered by the symbol's place in
-    the sorted symbols (kernels/trace.cuh; bench/trace_plan.py). Artifacts are never traced.
+    the sorted symbols (kernels/trace.cuh; bench/probes/trace_plan.py). Artifacts are never traced.
     """
     symbols = sorted(set(kernels))
     if not symbols:

@@ -161,7 +161,7 @@ RULES: dict[str, list[KernelRule]] = {
 # -- sources ----------------------------------------------------------------------------------
 
 _PREFILL_MMA = re.compile(r"attn_prefill_mma_d(\d+)_n(\d+)")
-# decode symbols, groups: head_dim, warps, stages, cluster size, "_early" (bench/plan_variants.py parses them too)
+# decode symbols, groups: head_dim, warps, stages, cluster size, "_early" (bench/probes/plan_variants.py parses them)
 DECODE_MMA = re.compile(r"attn_decode_mma_d(\d+)_w(\d+)_s(\d+)_c(\d+)(_early)?")
 
 

@@ -392,7 +392,7 @@ def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
     - except per-channel int4 without an activation at R = 2 (qkv), which takes the norm per step at
       every M: it reads its codes raw (linear_gemv2.cuh), so the step's extra MMAs cost little
       and the pass's barrier goes; in the 1B decode chain at batch 1, 466.9 against 473.5 us a step
-      (docs/perf-notes.md run 101). Capped at 128 registers (B 2: 256 threads), so that a block
+      (docs/performance.md, run 101). Capped at 128 registers (B 2: 256 threads), so that a block
       still fits beside an ``mlp_decode`` block;
     - on sm_90+, a tiling whose warps load all their weights before griddepcontrol.wait (every
       warp's steps fit its ring: qkv and o of the 1B shape) lets the next launch start only after
@@ -402,7 +402,7 @@ def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
       at batch 8): they still stream after the wait, and the next kernel's early start overlaps that.
       Except a linear adding an f32 residual: the o projection in front of ``mlp_decode``
       (``passes/fuse_decode_mlp.py``), whose blocks do nothing but request their weights before their
-      own wait, so they should start while o waits for attention (docs/perf-notes.md run 91: 496.9
+      own wait, so they should start while o waits for attention (docs/performance.md, run 91: 496.9
       against 503.4 us a step with o after its wait).
     """
     groups = -(-lin.n // 8) if lin.act == "silu" else -(-lin.nw // 16)
@@ -455,7 +455,8 @@ def gemv_variant(lin: _Linear, target: Target) -> Gemv:
 
 
 def rule_gemv(call: KernelCall, target: Target) -> KernelChoice | None:
-    if call.op != "linear" or (lin := _linear(call)) is None:
+    """Not in deterministic builds: its sums of squares meet by shared-memory atomics."""
+    if call.op != "linear" or target.deterministic or (lin := _linear(call)) is None:
         return None
     if lin.m > GEMV_MAX_M or not lin.fast_ok or lin.io:
         return None

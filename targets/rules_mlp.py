@@ -12,7 +12,7 @@ Same module protocol as ``rules_misc``: ``RULES``, ``HEADERS`` and ``kernel_sour
   before (the attention output projection) finishes. Registers are capped at 64 a thread
   (``__launch_bounds__(512, 2)``; shared memory still allows one block an SM): 32 K registers are
   left for a block of the next layer's qkv GEMV (256 threads of up to 128), which then joins the
-  SM and loads its weights while the MLP runs (docs/perf-notes.md run 91: 496.9 against 514.2 µs
+  SM and loads its weights while the MLP runs (docs/performance.md, run 91: 496.9 against 514.2 µs
   a step uncapped, 71 registers).
 - ``pack_mlp_tiles.grid_stride``: a word of the layout a thread, 256 threads a block, at most 4096
   blocks (it runs once, at load).
@@ -55,9 +55,15 @@ def shape_ok(hidden: int, inter: int) -> bool:
     return hidden % 256 == 0 and 256 <= hidden <= MAX_HIDDEN and inter % UNITS == 0 and inter >= UNITS
 
 
+def available(target: Target) -> bool:
+    """Whether ``target`` can run the kernel at all (the pipeline adds the fusion pass only then)."""
+    return all(target.has(f) for f in NEEDS) and not target.deterministic
+
+
 def fits(target: Target, hidden: int, inter: int) -> bool:
-    """Whether ``split_k`` takes a batch-1 MLP of these sizes on ``target`` (the fusion pass asks)."""
-    return (all(target.has(f) for f in NEEDS) and shape_ok(hidden, inter)
+    """Whether ``split_k`` takes a batch-1 MLP of these sizes on ``target`` (the fusion pass asks);
+    never in a deterministic build (its down sums are f32 vector reductions in any order)."""
+    return (available(target) and shape_ok(hidden, inter)
             and smem_bytes(hidden) <= target.smem_per_block)
 
 

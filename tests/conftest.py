@@ -105,3 +105,28 @@ def every_weights_file_opens_with_safetensors():
     store.write = checked
     yield
     store.write = write
+
+
+TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ 't10' if m['role'] == 'user' else 't11' }} {{ m['content'] }} "
+                      "{% endfor %}{% if add_generation_prompt %}t12{% endif %}")
+
+
+@pytest.fixture(scope="session")
+def tiny_serving_artifact(tmp_path_factory) -> Path:
+    """A tiny random Llama (tests/tiny_llama.py) built for the runner and server tests: fp16, batch 4,
+    buckets 16 and 64, max_seq 128, 10 KV blocks of 16 tokens (one long request leaves too few for
+    another), and a chat template over the tiny vocabulary. Its (tied) embeddings are scaled by 0.2 so
+    that the next-token distributions are not one-hot: greedy text varies and seeded samples differ."""
+    import dataclasses
+
+    from tiny_llama import tiny_loaded
+
+    from grokc.compiler.build import BuildOptions, build_loaded
+
+    out = tmp_path_factory.mktemp("tiny-serving") / "tiny"
+    loaded = tiny_loaded(seed=3)
+    weights = {**loaded.weights, "token_embd.weight": loaded.weights["token_embd.weight"] * 0.2}
+    loaded = dataclasses.replace(loaded, weights=weights, chat_template=TINY_CHAT_TEMPLATE)
+    build_loaded(loaded, out, BuildOptions(quant="fp16", archs=("sm90",), batch=4, buckets=(16, 64), max_seq=128,
+                                           kv_blocks=10, quality_tokens=0))
+    return out

@@ -33,7 +33,7 @@
 // 8) comes off the finished sum times the sum of x, which two more MMAs a piece gather (A = ones).
 // 5 instructions per 8 codes and no zero-point hsub2. Those two MMAs do not pay for one row group
 // at M = 1 (the o projection at batch 1: +2.5 us a Llama-1B step on the H200, against -2 us for
-// qkv at R = 2 and -26 us at batch 8; docs/perf-notes.md run 99).
+// qkv at R = 2 and -26 us at batch 8; docs/performance.md, run 99).
 // int8 -> half2: prmt (byte permute) puts code bytes 0, 1 (and 2, 3) under the byte 0x64, giving
 // (1024 + b0, 1024 + b1); one hsub2 (1152) gives (b - 128) exactly, 4 instructions per 4 codes;
 // per row only (scale on the fp32 sum, (z - 128) by one more hsub2).

@@ -5,8 +5,8 @@
 // residual, too). Nothing waits for the whole grid: the launch after reads `acc` once this grid is
 // complete (griddepcontrol.wait). Every weight byte of a block (8 gate/up tiles, the down slice) is
 // requested by bulk copies at entry, before griddepcontrol.wait, and the next launch is let in at
-// once, so the stream runs while the launch before finishes (bench/mlp_probe.py times it;
-// docs/perf-notes.md runs 82 and 89-92).
+// once, so the stream runs while the launch before finishes (bench/probes/mlp_probe.py times it;
+// docs/performance.md, runs 82 and 89-92).
 //
 // The weights come in artifacts/mlp_tiles.py's layouts (`pack_mlp_tiles` below writes them at load):
 // a gate/up tile is 16 rows (8 gate, the 8 up rows of the same outputs) as mma.m16n8k16 A fragments,

@@ -1,4 +1,4 @@
-// Block timeline of a traced build (targets/nvcc.py, trace=True; bench/trace_plan.py reads it).
+// Block timeline of a traced build (targets/nvcc.py, trace=True; bench/probes/trace_plan.py reads it).
 // Every entry point opens a grokc_trace::Scope: per block, the %globaltimer at entry, when
 // griddepcontrol.wait returned (0 when the kernel never waits) and at exit, the kernel's index in
 // the sorted symbols of the translation unit, the block and its multiprocessor, and up to kMarks

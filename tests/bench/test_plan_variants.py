@@ -1,17 +1,13 @@
-"""bench/plan_variants.py's launch rewrite (pure Python; no GPU): a swapped kernel gets the launch shape
+"""bench/probes/plan_variants.py's launch rewrite (pure Python; no GPU): a swapped kernel gets the launch shape
 and the programmatic edge its variant needs, from the rules' own formulas."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import plan_variants  # bench/probes/, on the path by conftest.py
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import plan_variants  # noqa: E402  (bench/ is a folder of scripts, not a package)
-
-from grokc.artifacts.plan import Arg, Launch  # noqa: E402
-from grokc.targets import rules_attention, rules_linear  # noqa: E402
-from grokc.targets.archs import get_target  # noqa: E402
+from grokc.artifacts.plan import Arg, Launch
+from grokc.targets import rules_attention, rules_linear
+from grokc.targets.archs import get_target
 
 SM90 = get_target("sm90")
 

@@ -1,16 +1,12 @@
-"""bench/trace_plan.py's grouping of block records into launches and its per-block dump (pure numpy; no GPU)."""
+"""bench/probes/trace_plan.py's grouping of block records into launches and its per-block dump (pure numpy; no GPU)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import trace_plan  # noqa: E402  (bench/ is a folder of scripts, not a package)
+import trace_plan  # bench/probes/, on the path by conftest.py
 
 
 def launch(kernel: str, blocks: int) -> SimpleNamespace:

@@ -1,9 +1,12 @@
 """Calibration statistics (compiler/calibrate.py) on the tiny model, and how the quantize pass uses them."""
 
+import hashlib
+
 import numpy as np
 import pytest
 import torch
 from calib_tiny import byte_loaded
+from tokenizers import Tokenizer
 
 from grokc.abi import int4
 from grokc.compiler.build import compile_loaded
@@ -27,10 +30,9 @@ TOKENS = list(range(1000))
 
 
 def test_windows_are_seeded_sorted_and_inside_the_text():
-    opts = CalibrationOptions(samples=5, tokens=100, seed=3)
-    wins = calibration_windows(TOKENS, opts)
-    assert wins == calibration_windows(TOKENS, opts)
-    assert wins != calibration_windows(TOKENS, CalibrationOptions(samples=5, tokens=100, seed=4))
+    wins = calibration_windows(TOKENS, 5, 100, np.random.default_rng(3), "t")
+    assert wins == calibration_windows(TOKENS, 5, 100, np.random.default_rng(3), "t")
+    assert wins != calibration_windows(TOKENS, 5, 100, np.random.default_rng(4), "t")
     assert len(wins) == 5 and all(len(w) == 100 for w in wins)
     starts = [w[0] for w in wins]
     assert starts == sorted(starts) and all(w == list(range(w[0], w[0] + 100)) for w in wins)
@@ -43,8 +45,37 @@ def test_bad_options_are_one_sentence(kwargs, fragment):
 
 
 def test_window_longer_than_the_text_is_refused():
-    with pytest.raises(BuildOptionError, match="--calib-tokens 2000"):
-        calibration_windows(TOKENS, CalibrationOptions(tokens=2000))
+    with pytest.raises(BuildOptionError, match="--calib-tokens 2000 is longer than the calibration text t"):
+        calibration_windows(TOKENS, 1, 2000, np.random.default_rng(0), "t")
+
+
+def test_calib_text_is_all_that_calibration_reads(tmp_path, monkeypatch):
+    """With --calib-text, the shipped text is never opened, and the statistics are those of the given
+    text: a file exactly one window long (byte tokens: one per byte) gives the second moments of that
+    window alone."""
+    from grokc.compiler import text
+    from grokc.compiler.build import BuildOptions, build_loaded
+
+    def no_shipped(split, genre):
+        raise AssertionError(f"read the shipped {split} text {genre}")
+
+    monkeypatch.setattr(text, "_shipped", no_shipped)
+    mine = tmp_path / "mine.txt"
+    mine.write_text("The quick brown fox jumps over the lazy dog; then it naps by the old wall.")
+    n = len(mine.read_bytes())
+    tiny = byte_loaded(seed=1)
+    calib = calibrate(tiny, QUANT["int4"], CalibrationOptions(samples=3, tokens=n, sequential=False, texts=(mine,)))
+    assert calib.info["text"] == [{"name": str(mine), "sha256": hashlib.sha256(mine.read_bytes()).hexdigest(),
+                                   "windows": 3}]
+    ids = Tokenizer.from_str(tiny.tokenizer_json).encode(mine.read_text()).ids
+    assert len(ids) == n
+    want = collect(reference_model(tiny.config, tiny.weights).requires_grad_(False), [ids])
+    assert set(calib.hessians) == set(want)
+    for key, h in want.items():
+        np.testing.assert_allclose(calib.hessians[key], h, rtol=1e-5, atol=1e-7, err_msg=key)
+    opts = BuildOptions(batch=1, buckets=(16,), max_seq=128, calibration=CalibrationOptions(2, n, 0, False, (mine,)))
+    manifest = build_loaded(tiny, tmp_path / "a", opts)
+    assert manifest.quant.calibration["text"] == [{**calib.info["text"][0], "windows": 2}]
 
 
 @pytest.fixture(scope="module")

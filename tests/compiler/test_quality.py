@@ -1,6 +1,7 @@
 """The quality report and gate (compiler/quality.py, compiler/build.py): held-out text, stored weights,
 teacher forcing through EOS, and the one-line error of ``--max-ppl-increase``."""
 
+import hashlib
 import json
 from dataclasses import replace
 
@@ -13,7 +14,7 @@ from typer.testing import CliRunner
 
 from grokc.cli.app import app
 from grokc.compiler import calibrate, quality, text
-from grokc.compiler.build import BuildOptions, _quality_gate, compile_loaded
+from grokc.compiler.build import BuildOptions, _held_out, _quality_gate, compile_loaded
 from grokc.compiler.calibrate import CalibrationOptions
 from grokc.compiler.pipeline import CompileOptions
 from grokc.core import tensors as names
@@ -25,28 +26,29 @@ from grokc.runner import Runner
 SHAPES = StaticShapes(2, (16,), 64, 0)
 
 
-def test_evaluation_and_calibration_splits_are_disjoint_and_cover_the_topics():
-    import pydoc_data.topics as topics
-
-    ev, cal = set(text.pydoc_topics("eval")), set(text.pydoc_topics("calibration"))
-    assert ev and cal and not ev & cal and ev | cal == set(topics.topics)
-    ev_text, cal_text = text.pydoc_text("eval"), text.pydoc_text("calibration")
-    shared = [p for p in cal_text.split("\n\n") if len(p.strip()) > 80 and p.strip() in ev_text]
-    assert not shared, shared[0]   # the topics quote each other: the calibration text drops those paragraphs
-    assert len(cal_text) > 100_000 and len(ev_text) > 200_000
-
-
-def test_report_reads_only_the_eval_split_and_calibration_only_the_other(monkeypatch):
+def test_report_reads_only_the_held_out_texts_and_calibration_only_the_mix(monkeypatch):
+    """Every calibration window is a stretch of one calibration genre, dealt evenly over the seven;
+    every report window a stretch of its own held-out genre. (Byte tokens, one per byte: a window's
+    ids are a stretch of its text's ids.)"""
     tiny = byte_loaded()
-    seen = []
-    for module in (quality, calibrate):
-        real = module.pydoc_text
-        monkeypatch.setattr(module, "pydoc_text", lambda split="eval", real=real: seen.append(split) or real(split))
-    calib = calibrate.calibrate(tiny, QUANT["int4"], CalibrationOptions(samples=2, tokens=32, sequential=False))
-    assert seen == ["calibration"]
+    collected = []
+    real_collect = calibrate.collect
+    monkeypatch.setattr(calibrate, "collect", lambda model, wins, *a: collected.extend(wins) or real_collect(model, wins, *a))
+    calib = calibrate.calibrate(tiny, QUANT["int4"], CalibrationOptions(samples=9, tokens=32, sequential=False))
+    tokenizer = Tokenizer.from_str(tiny.tokenizer_json)
+    as_str = lambda ids: "".join(map(chr, ids))
+    sources = [as_str(tokenizer.encode(t.text).ids) for t in text.calibration_texts()]
+    assert [t["name"] for t in calib.info["text"]] == list(text.CALIBRATION_GENRES)
+    assert [t["windows"] for t in calib.info["text"]] == [2, 2, 1, 1, 1, 1, 1]
+    owners = [[i for i, s in enumerate(sources) if as_str(w) in s] for w in collected]
+    assert [o[0] for o in owners] == [0, 0, 1, 1, 2, 3, 4, 5, 6], owners
     module = compile_loaded(tiny, CompileOptions(SHAPES, QUANT["int4"], calib))
-    quality.build_report(tiny, module, tokens=128, context=64)
-    assert seen == ["calibration", "eval"]
+    texts = text.eval_texts()
+    windows = quality.report_windows(tiny.tokenizer_json, texts, 128, 64)
+    report = quality.build_report(tiny, module, texts, windows)
+    assert list(report["genres"]) == list(windows) == list(text.EVAL_GENRES)
+    for t in texts:
+        assert all(as_str(w) in as_str(tokenizer.encode(t.text).ids) for w in windows[t.name]), t.name
 
 
 def test_stored_weights_are_what_the_module_stores():
@@ -60,34 +62,71 @@ def test_stored_weights_are_what_the_module_stores():
     np.testing.assert_array_equal(stored[names.LM_HEAD], stored["token_embd.weight"])   # tied
 
 
-def test_report_is_rounded_and_shows_what_int4_costs():
+def test_report_is_per_genre_rounded_and_shows_what_int4_costs():
     tiny = byte_loaded()
+    texts = text.eval_texts()[:2]
+    windows = quality.report_windows(tiny.tokenizer_json, texts, 256, 64)
     reports = {}
     for recipe in ("fp16", "int4-rtn"):
         module = compile_loaded(tiny, CompileOptions(SHAPES, QUANT[recipe]))
-        reports[recipe] = quality.build_report(tiny, module, tokens=256, context=64)
+        reports[recipe] = quality.build_report(tiny, module, texts, windows)
     fp16, rtn = reports["fp16"], reports["int4-rtn"]
-    assert fp16["positions"] == 4 * 63 and fp16["top1_agreement"] > 0.97 and abs(fp16["ppl_increase"]) < 1e-2
-    # (a random model's perplexity may move either way: its target tokens sit far in the tails)
-    assert rtn["kl_mean"] > 10 * fp16["kl_mean"]
-    for v in rtn.values():
-        if isinstance(v, float):
-            assert v == float(f"{v:.4g}")
+    assert list(rtn["genres"]) == [t.name for t in texts] and rtn["tokens"] == 256 and rtn["context"] == 64
+    for name, r in fp16["genres"].items():
+        assert r["positions"] == 4 * 63 and r["top1_agreement"] > 0.97 and abs(r["ppl_increase"]) < 1e-2, name
+        # (a random model's perplexity may move either way: its target tokens sit far in the tails)
+        assert rtn["genres"][name]["kl_mean"] > 10 * r["kl_mean"], name
+    worst = max(rtn["genres"], key=lambda g: rtn["genres"][g]["ppl_increase"])
+    assert rtn["worst"] == {"genre": worst, "ppl_increase": rtn["genres"][worst]["ppl_increase"],
+                            "top1_agreement": min(g["top1_agreement"] for g in rtn["genres"].values()),
+                            "kl_mean": max(g["kl_mean"] for g in rtn["genres"].values())}
+    for r in rtn["genres"].values():
+        for v in r.values():
+            if isinstance(v, float):
+                assert v == float(f"{v:.4g}")
 
 
-REPORT = {"tokens": 128, "ppl_reference": 10.0, "ppl_artifact": 12.5, "ppl_increase": 0.25, "top1_agreement": 0.8,
-          "kl_mean": 0.1}
+def _report(**increases) -> dict:
+    genres = {g: {"positions": 127, "ppl_reference": 10.0, "ppl_artifact": round(10.0 * (1 + x), 4), "ppl_increase": x,
+                  "top1_agreement": 0.8, "kl_mean": 0.1} for g, x in increases.items()}
+    worst = max(genres, key=lambda g: genres[g]["ppl_increase"])
+    return {"tokens": 128, "context": 64, "genres": genres,
+            "worst": {"genre": worst, "ppl_increase": genres[worst]["ppl_increase"], "top1_agreement": 0.8, "kl_mean": 0.1}}
 
 
-def test_gate_passes_within_the_limit_and_records_the_report(monkeypatch):
-    monkeypatch.setattr(quality, "build_report", lambda *a, **k: dict(REPORT))
+REPORT = _report(docs=0.05, news=0.25, fiction=0.1)
+
+
+def test_gate_passes_within_the_limit_and_fails_on_the_worst_genre(monkeypatch):
+    monkeypatch.setattr(quality, "build_report", lambda *a, **k: REPORT)
     tiny = byte_loaded()
     module = compile_loaded(tiny, CompileOptions(SHAPES, QUANT["int4-rtn"]))
-    gated = _quality_gate(tiny, module, BuildOptions(quality_tokens=128, quality_context=64, max_ppl_increase=0.25), lambda s: None)
+    opts = BuildOptions(quality_tokens=128, quality_context=64, max_ppl_increase=0.25)
+    held_out = _held_out(tiny, opts)
+    gated = _quality_gate(tiny, module, opts, held_out, lambda s: None)
     assert gated.meta.quant.quality == REPORT and gated.meta.quant.name == "int4-rtn"
-    with pytest.raises(QualityError, match=r"perplexity rose 25\.0% \(10\.0 -> 12\.5 on 128 held-out tokens\), "
+    with pytest.raises(QualityError, match=r"perplexity rose 25\.0% on news \(10\.0 -> 12\.5 on 127 held-out positions\), "
                                            r"more than --max-ppl-increase 24\.9% allows"):
-        _quality_gate(tiny, module, BuildOptions(quality_tokens=128, quality_context=64, max_ppl_increase=0.249), lambda s: None)
+        _quality_gate(tiny, module, replace(opts, max_ppl_increase=0.249), held_out, lambda s: None)
+
+
+def test_eval_text_is_a_genre_of_its_own_and_is_read_before_the_long_steps(tmp_path):
+    tiny = byte_loaded()
+    mine = tmp_path / "mine.txt"
+    mine.write_text("One paragraph of my own text.\n\n" * 20)
+    texts, windows = _held_out(tiny, BuildOptions(quality_tokens=128, quality_context=64, eval_texts=(mine,)))
+    assert [t.name for t in texts] == [*text.EVAL_GENRES, str(mine)] and len(windows[str(mine)]) == 2
+    module = compile_loaded(tiny, CompileOptions(SHAPES, QUANT["int4-rtn"]))
+    report = quality.build_report(tiny, module, texts, windows)
+    assert report["genres"][str(mine)]["sha256"] == hashlib.sha256(mine.read_bytes()).hexdigest()
+    short = tmp_path / "short.txt"
+    short.write_text("too short")
+    with pytest.raises(BuildOptionError, match=f"the evaluation text {short} has only 9 tokens"):
+        _held_out(tiny, BuildOptions(quality_tokens=128, quality_context=64, eval_texts=(short,)))
+    with pytest.raises(BuildOptionError, match="is given twice"):
+        _held_out(tiny, BuildOptions(quality_tokens=128, quality_context=64, eval_texts=(mine, mine)))
+    with pytest.raises(BuildOptionError, match="--eval-text is read by the quality report"):
+        BuildOptions(eval_texts=(mine,))
 
 
 def test_gate_needs_the_report():
@@ -97,7 +136,7 @@ def test_gate_needs_the_report():
 
 def test_cli_gate_fails_the_build_with_one_line(tmp_path, monkeypatch):
     """Exit 1 and one error line naming the measured and allowed values; nothing is written."""
-    monkeypatch.setattr(quality, "build_report", lambda *a, **k: dict(REPORT))
+    monkeypatch.setattr(quality, "build_report", lambda *a, **k: REPORT)
     model = write_tiny_gguf(tmp_path / "tiny.gguf")
     r = CliRunner().invoke(app, ["build", str(model), "-o", str(tmp_path / "out"), "--quant", "int4-rtn",
                                  "--quality-tokens", "128", "--quality-context", "64", "--max-ppl-increase", "10%",
@@ -105,7 +144,7 @@ def test_cli_gate_fails_the_build_with_one_line(tmp_path, monkeypatch):
     assert r.exit_code == 1, r.output
     lines = [line for line in r.stderr.strip().splitlines() if not line.startswith("[grokc] ")]
     assert len(lines) == 1, r.stderr
-    assert lines[0].startswith("grokc: error: perplexity rose 25.0% (10.0 -> 12.5") and "--max-ppl-increase 10.0%" in lines[0]
+    assert lines[0].startswith("grokc: error: perplexity rose 25.0% on news (10.0 -> 12.5") and "--max-ppl-increase 10.0%" in lines[0]
     assert not (tmp_path / "out").exists()
 
 

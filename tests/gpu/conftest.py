@@ -9,8 +9,9 @@ one device. Fixtures:
 - ``nvcc_cubin``: ``kernel_harness.nvcc_cubin`` (CUDA source string -> cubin bytes); skips the
   test when nvcc is missing.
 
-Run them on a GPU machine from the repository root: ``python3 -m pytest tests/gpu -q``
-(``grokc`` need not be installed: ``kernel_harness`` maps it onto the checkout).
+Run them on a GPU machine from the repository root: ``python3 -m pytest tests/gpu -q``, with grokc
+installed (``pip install -e .``) or, on a node without an install, after ``. scripts/device_env.sh``
+(which makes ``import grokc`` resolve to the checkout).
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ import pytest
 _HERE = Path(__file__).resolve().parent
 if str(_HERE) not in sys.path:  # so tests can `from kernel_harness import ...` in any import mode
     sys.path.insert(0, str(_HERE))
+
+try:
+    import grokc.runner  # noqa: F401
+except ModuleNotFoundError as exc:  # a bare checkout on a GPU node
+    raise pytest.UsageError(f"tests/gpu: {exc}; install grokc (pip install -e .) or first run "
+                            "`. scripts/device_env.sh` from the repository root") from None
 
 import kernel_harness  # noqa: E402
 

@@ -16,8 +16,8 @@ them all when there is no GPU)::
 
 ``run_kernel(cubin, kernel, grid, block, smem, params, args) -> dict[str, np.ndarray]``
 
-- ``params``: the kernel's parameter list, in order: an op name of ``artifacts.kernel_abi``
-  (``"linear"``, ...) or a sequence of ``kernel_abi.Param``.
+- ``params``: the kernel's parameter list, in order: an op name of ``abi.ops.KERNEL_ABI``
+  (``"linear"``, ...) or a sequence of ``abi.ops.Param``.
 - ``args``: one entry per parameter name, nothing more, nothing less:
   a numpy array for a pointer parameter (copied to its own device allocation, C order, its own
   dtype: pass the dtype the kernel expects), ``None`` for a null pointer, an ``int`` for ``i32``,
@@ -48,9 +48,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import subprocess
-import sys
 import tempfile
-import types
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -59,27 +57,8 @@ from typing import Any
 
 import numpy as np
 
-
-def _ensure_grokc_importable() -> None:
-    """Make ``grokc.*`` importable from a bare checkout (the device machine has no install).
-
-    The distribution maps ``grokc.<part>`` to the top-level folder ``<part>/`` of the repository,
-    so when ``grokc`` is not installed a package object whose path is the repository root gives
-    the same modules.
-    """
-    try:
-        import grokc.artifacts  # noqa: F401
-    except ModuleNotFoundError:
-        root = Path(__file__).resolve().parents[2]
-        pkg = types.ModuleType("grokc")
-        pkg.__path__ = [str(root)]
-        sys.modules["grokc"] = pkg
-
-
-_ensure_grokc_importable()
-
-from grokc.abi.ops import KERNEL_ABI, ArgKind, Param  # noqa: E402
-from grokc.runner import cuda_driver as cd  # noqa: E402
+from grokc.abi.ops import KERNEL_ABI, ArgKind, Param
+from grokc.runner import cuda_driver as cd
 
 _CONTEXT: cd.Context | None = None
 _STREAM: cd.Stream | None = None

@@ -1,4 +1,4 @@
-"""bench/trace_plan.py and bench/plan_variants.py on a tiny synthetic build: what they print holds together.
+"""bench/probes/trace_plan.py and bench/probes/plan_variants.py on a tiny synthetic build: what they print holds together.
 
 trace_plan: every launch of the graph is found (the script itself fails when a block record is
 missing), and per launch its first block begins no later than its last, the release is not before
@@ -18,7 +18,7 @@ import pytest
 
 from grokc.compiler.build import BuildOptions, build
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+PROBES = Path(__file__).resolve().parents[2] / "bench" / "probes"
 CFG = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 512,
        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True}
@@ -33,7 +33,7 @@ def artifact(tmp_path_factory) -> Path:
 
 
 def run_script(name: str, *args: str) -> dict:
-    out = subprocess.run([sys.executable, str(BENCH / name), *args], capture_output=True, text=True, cwd=BENCH)
+    out = subprocess.run([sys.executable, str(PROBES / name), *args], capture_output=True, text=True, cwd=PROBES)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
 

@@ -2,7 +2,7 @@
 
 Both executors run the same plan; the GPU kernels round differently (half2 math in the int4
 GEMV, f16 tensor-core operands in prefill), so logits must agree to 3e-2 of their RMS (max over every position and vocabulary entry) and the
-greedy tokens must be identical.
+greedy tokens must be identical (fp16) or part only at a near-tie of the CPU's logits (int4).
 """
 
 import numpy as np
@@ -64,8 +64,15 @@ def test_greedy_32_tokens_match_cpu(pair):
     c = cpu.generate_ids(ids, SamplingParams(max_new_tokens=32))
     if quant == "fp16":
         assert g == c
-    else:   # int4: allow the first divergence only after a near-tie; most tokens must agree
-        assert g[0][:8] == c[0][:8]
+        return
+    # int4: the two may part only where the CPU's own logits are a near-tie, i.e. the GPU's token
+    # scores within the logits tolerance (2 * TOL of their RMS: each side's error) of the CPU's best
+    k = next((i for i, (a, b) in enumerate(zip(g[0], c[0])) if a != b), None)
+    if k is None:
+        return
+    row = cpu.engine.score([ids[0] + c[0][:k]])[0][-1]
+    gap = float(row[c[0][k]] - row[g[0][k]])
+    assert gap <= 2 * TOL * float(np.sqrt((row ** 2).mean())), (k, gap)
 
 
 def test_batch_slots_are_independent(pair):

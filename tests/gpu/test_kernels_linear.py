@@ -20,7 +20,8 @@ past it and for groups of 64), none / silu_mul, f16 / f32 out, with and without 
 ``addend`` (the sparse residual's f32 product, added before the activation),
 ``out`` aliasing ``residual``, odd shapes (K = 576, N not a multiple of any tile, M = 1, 3, 8, 16,
 17, 100, 130, multi-slab staging at M = 16, K = 8192), and each GEMV / GEMM tiling the bench
-sweeps; gemv2 tilings at every M = 1..8, with K tails (K = 576, 40) and partial row groups.
+sweeps; gemv2 tilings at every M = 1..8, with K tails (K = 576, 40) and partial row groups; the
+rule's kernel for every decode call of Llama-3.2-1B and SmolLM2-135M at M = 1, 2, 4, 8.
 """
 
 from __future__ import annotations
@@ -147,7 +148,17 @@ Q8_CASES = [(m, n, k, fmt, "none", "f32", norm, False, False)
 # The f16 LM heads at batch 1 (linear_rows) with the final norm, as the models run them.
 HEAD_CASES = [(1, 128256, 2048, "f16", "none", "f32", True, False, False),
               (1, 49152, 576, "f16", "none", "f32", True, False, False)]
-CASES = _cases() + Q8_CASES + HEAD_CASES
+# The decode calls of Llama-3.2-1B and SmolLM2-135M as the models make them (the norm before qkv,
+# gate_up and the head, the residual after o and down) at every batch gemv2 serves: what
+# bench/kernels_linear.py times, each with the rule's kernel for that exact shape.
+MODEL_CALLS = [(n, k, "q4", act, "f16", norm, not norm)
+               for n, k, act, norm in ((3072, 2048, "none", True), (2048, 2048, "none", False),     # Llama: qkv, o,
+                                       (8192, 2048, "silu_mul", True), (2048, 8192, "none", False),  # gate_up, down
+                                       (960, 576, "none", True), (576, 576, "none", False),          # SmolLM2
+                                       (1536, 576, "silu_mul", True), (576, 1536, "none", False))] + \
+              [(128256, 2048, "f16", "none", "f32", True, False), (49152, 576, "f16", "none", "f32", True, False)]
+MODEL_CASES = [(m, *call, False) for m in (1, 2, 4, 8) for call in MODEL_CALLS]
+CASES = list(dict.fromkeys(_cases() + Q8_CASES + HEAD_CASES + MODEL_CASES))
 
 
 def kernel_wf(fmt: str) -> str:

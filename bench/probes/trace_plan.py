@@ -1,6 +1,6 @@
 """Block timeline of one graph of an artifact on the GPU: where each launch waits and works.
 
-    python3 bench/trace_plan.py ARTIFACT [--graph decode_1] [--replays 20] [--context 128]
+    python3 bench/probes/trace_plan.py ARTIFACT [--graph decode_1] [--replays 20] [--context 128]
 
 Recompiles the artifact's kernels on the GPU machine with a ``grokc_trace::Scope`` in every entry
 point (targets/kernels/trace.cuh: per block, %globaltimer at entry, when griddepcontrol.wait

@@ -1,6 +1,6 @@
 """Time one graph of an artifact with some of its kernels swapped for variants, all in one run.
 
-    python3 bench/plan_variants.py ARTIFACT --variant 'l2=(linear_gemv2_q4_\\w+)=>\\1l1' [--variant ...]
+    python3 bench/probes/plan_variants.py ARTIFACT --variant 'l2=(linear_gemv2_q4_\\w+)=>\\1l1' [--variant ...]
         [--graph decode_1] [--reps 100] [--rounds 5]
 
 A variant is ``name=REGEX=>REPLACEMENT[;REGEX=>REPLACEMENT...]``, applied (``re.sub``) to every

@@ -1,4 +1,4 @@
-// How fast can blocks stream their weights from HBM into shared memory? bench/stream_probe.py.
+// How fast can blocks stream their weights from HBM into shared memory? bench/probes/stream_probe.py.
 //
 // Every block copies its own contiguous `bytes` of `src` (block b: src + b * bytes) into dynamic
 // shared memory, one of four ways, and thread 0 records %globaltimer when the block began and when

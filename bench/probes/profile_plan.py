@@ -1,6 +1,6 @@
 """Per-launch time of one graph of an artifact on the GPU: where a decode step's time goes.
 
-    python3 bench/profile_plan.py ARTIFACT [--graph decode] [--reps 50]
+    python3 bench/probes/profile_plan.py ARTIFACT [--graph decode] [--reps 50]
 
 Each launch of the graph is put alone in a CUDA graph (x ``reps`` copies in a chain) and timed
 with events after the whole graph has run once (so caches and state are realistic); the launches

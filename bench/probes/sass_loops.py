@@ -1,20 +1,20 @@
 """Instructions per MMA in the loops of a cubin's SASS: a CPU-side proxy for a kernel's issue cost.
 
-    python3 bench/sass_loops.py KERNEL.cubin [...]
+    python3 bench/probes/sass_loops.py KERNEL.cubin [...]
 
 Disassembles with ``cuobjdump -sass`` (the CUDA toolkit's, or the one pip's ``nvidia`` wheels put
 under ``nvidia/cu13/bin``), finds every backward branch whose body holds HMMA instructions and
 prints, per such loop: its instruction count, its HMMAs, the instructions per HMMA and the most
-frequent opcodes. docs/perf-notes.md run 88: the probe's MLP kernel runs 11.8 (gate/up) and 15.8
-(down) per HMMA.
+frequent opcodes. docs/performance.md: the probe's MLP kernel ran 11.8 (gate/up) and 15.8 (down)
+per HMMA.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 
@@ -22,12 +22,15 @@ def cuobjdump() -> str:
     found = shutil.which("cuobjdump")
     if found:
         return found
-    import nvidia  # the pip wheels' tools
-
-    for base in nvidia.__path__:
+    try:
+        import nvidia  # the pip wheels' tools (nvidia-cuda-cuobjdump, with nvidia-cuda-nvdisasm beside it)
+    except ImportError:
+        nvidia = None
+    for base in getattr(nvidia, "__path__", []):
         for path in Path(base).glob("cu*/bin/cuobjdump"):
             return str(path)
-    raise SystemExit("sass_loops: no cuobjdump on PATH or in the nvidia wheels")
+    raise SystemExit("sass_loops: no cuobjdump on PATH or in the nvidia wheels "
+                     "(pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
 
 
 def loops(sass: str) -> list[tuple[int, int, int, int, list[tuple[str, int]]]]:
@@ -51,7 +54,9 @@ def loops(sass: str) -> list[tuple[int, int, int, int, list[tuple[str, int]]]]:
 
 
 def main() -> None:
-    for cubin in sys.argv[1:]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("cubins", nargs="+", metavar="KERNEL.cubin")
+    for cubin in ap.parse_args().cubins:
         sass = subprocess.run([cuobjdump(), "-sass", cubin], check=True, capture_output=True, text=True).stdout
         print(f"== {cubin}")
         for start, end, n, mma, ops in loops(sass):

@@ -6,15 +6,17 @@ weight replaced by what the artifact stores (int4 linears dequantized from their
 this file's own reading of the documented layout, not by grokc's ``int4.dequantize``, plus the
 ``--fp16-residual`` CSR where there is one; an int8 LM head or embedding table from its one-byte
 codes, code 128 = 0 unless zero-points are stored; fused q/k/v and gate/up split back; f16 norms and
-embeddings), and transformers computes the perplexity of both on held-out text: the pydoc
-evaluation split (never used for calibration), and each ``--text`` file (text that is neither).
-Also reported per artifact: top-1 agreement of its next-token argmax with the reference's, and the
-largest relative (Frobenius) error of one of its weight matrices against the reference's (f16
-rounding gives ~2e-4; a q/k/v or gate/up split out of transformers' row order gives ~1). grokc's
-own code is used only to read the artifact's files and the pydoc split's text.
+embeddings; each int4 tensor's group size read from its scales' shape), and transformers computes
+the perplexity of both on held-out text: every evaluation genre grokc ships (none of them read by
+calibration) and each ``--text`` file, ``--tokens`` tokens of each in windows of ``--context``
+spread evenly over the text. Also reported per artifact and text: top-1 agreement of its next-token
+argmax with the reference's and the mean KL(reference || artifact); per artifact, the worst text
+and the largest relative (Frobenius) error of one of its weight matrices against the reference's
+(f16 rounding gives ~2e-4; a q/k/v or gate/up split out of transformers' row order gives ~1).
+grokc's own code is used only to read the artifact's files and the shipped texts.
 
-    python bench/quality_hf.py dist/int4 dist/int4-rtn ... --model SmolLM2-135M-Instruct.Q4_1.gguf \
-        [--text /usr/share/common-licenses/GPL-3] [--tokens 4096] [--context 512]
+    python bench/probes/quality_hf.py dist/int4 dist/int4-rtn ... --model SmolLM2-135M-Instruct.Q4_1.gguf \
+        [--text /usr/share/common-licenses/GPL-3] [--tokens 8192] [--context 512]
 
 Prints one JSON document: per text, the reference perplexity and each artifact's.
 """
@@ -32,7 +34,7 @@ import numpy as np
 import torch
 
 from grokc.artifacts.store import open_artifact
-from grokc.compiler.text import pydoc_text
+from grokc.compiler.text import eval_texts
 
 _HF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
        "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -72,7 +74,6 @@ def artifact_state(path: Path, cfg) -> dict[str, torch.Tensor]:
     it without."""
     art = open_artifact(path)
     w = art.weights()
-    gs = art.manifest.quant.recipe["group_size"]
     used = set(_NOT_WEIGHTS)
 
     def take(name: str) -> np.ndarray:
@@ -85,8 +86,9 @@ def artifact_state(path: Path, cfg) -> dict[str, torch.Tensor]:
             return dequantize_q8(np.asarray(w[f"{base}.q8weight"]), np.asarray(w[f"{base}.scales"]), w.get(f"{base}.zeros"))
         if f"{base}.qweight" in w:
             used.update(f"{base}.{s}" for s in ("qweight", "scales", "zeros"))
+            k, groups = w[f"{base}.qweight"].shape[1] * 2, w[f"{base}.scales"].shape[1]
             out = dequantize_q4(np.asarray(w[f"{base}.qweight"]), np.asarray(w[f"{base}.scales"]),
-                                w.get(f"{base}.zeros"), gs)
+                                w.get(f"{base}.zeros"), 0 if groups == 1 else -(-k // groups))
             if f"{base}.residual_vals" in w:  # --fp16-residual, CSR of f16 corrections: out[row, col] += val
                 roles = [f"{base}.residual_{s}" for s in ("rowptr", "cols", "vals")]
                 used.update(roles)
@@ -130,19 +132,34 @@ def artifact_state(path: Path, cfg) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in out.items()}
 
 
+def spread(ids: list[int], tokens: int, context: int) -> list[list[int]]:
+    """``tokens // context`` windows of ``context`` ids, the first at the start, the last at the end."""
+    starts = np.linspace(0, len(ids) - context, tokens // context).round().astype(int)
+    return [ids[s:s + context] for s in starts.tolist()]
+
+
 @torch.no_grad()
-def evaluate(model, ids: list[int], tokens: int, context: int, ref_top1: list[torch.Tensor] | None = None):
-    """transformers' loss over ``tokens`` tokens cut into windows of ``context`` -> (perplexity,
-    each window's next-token argmax, top-1 agreement with ``ref_top1``)."""
-    nll, n, top1, agree = 0.0, 0, [], 0
-    for k, start in enumerate(range(0, tokens - context + 1, context)):
-        window = torch.tensor([ids[start:start + context]])
-        out = model(input_ids=window, labels=window)     # loss: mean over the context - 1 predictions
-        nll, n = nll + float(out.loss) * (context - 1), n + context - 1
-        top1.append(out.logits[0, :-1].argmax(-1))
-        if ref_top1 is not None:
-            agree += int((top1[-1] == ref_top1[k]).sum())
-    return math.exp(nll / n), top1, agree / n
+def evaluate(models: dict[str, torch.nn.Module], windows: list[list[int]]) -> dict[str, dict]:
+    """transformers' loss of each model (``"reference"`` first) over ``windows``: perplexity, and for the
+    others top-1 agreement with the reference's argmax and mean KL(reference || model), window by window
+    so that only one window's log-probabilities are held."""
+    acc = {name: {"nll": 0.0, "agree": 0, "kl": 0.0} for name in models}
+    n = 0
+    for w in windows:
+        window = torch.tensor([w])
+        ref = None
+        for name, model in models.items():
+            out = model(input_ids=window, labels=window)     # loss: mean over the context - 1 predictions
+            logp = torch.log_softmax(out.logits[0, :-1].double(), -1)
+            acc[name]["nll"] += float(out.loss) * (len(w) - 1)
+            if ref is None:
+                ref = logp
+            else:
+                acc[name]["agree"] += int((logp.argmax(-1) == ref.argmax(-1)).sum())
+                acc[name]["kl"] += float((ref.exp() * (ref - logp)).sum())
+        n += len(w) - 1
+    return {name: {"ppl": math.exp(a["nll"] / n), "top1_agreement": a["agree"] / n, "kl": a["kl"] / n}
+            for name, a in acc.items()}
 
 
 def main() -> None:
@@ -150,7 +167,7 @@ def main() -> None:
     ap.add_argument("artifacts", nargs="+", type=Path)
     ap.add_argument("--model", required=True, type=Path, help="the GGUF the artifacts were built from")
     ap.add_argument("--text", action="append", type=Path, default=[], help="another held-out text file")
-    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--context", type=int, default=512)
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -162,15 +179,14 @@ def main() -> None:
     kw = dict(gguf_file=args.model.name)
     ref = AutoModelForCausalLM.from_pretrained(str(args.model.parent), dtype=torch.float32, **kw).eval()
     tok = AutoTokenizer.from_pretrained(str(args.model.parent), **kw)
-    texts = {"pydoc eval split": pydoc_text("eval"), **{str(p): p.read_text() for p in args.text}}
-    ids = {name: tok(t).input_ids for name, t in texts.items()}
-    for name, i in ids.items():
-        if len(i) < args.tokens:
-            raise SystemExit(f"{name} has only {len(i)} tokens; pass --tokens {len(i) // args.context * args.context}")
-    result, ref_top1 = {}, {}
-    for name, i in ids.items():
-        ppl, ref_top1[name], _ = evaluate(ref, i, args.tokens, args.context)
-        result[name] = {"tokens": args.tokens, "context": args.context, "text_tokens": len(i), "reference": round(ppl, 3)}
+    texts = {t.name: t.text for t in eval_texts()} | {str(p): p.read_text() for p in args.text}
+    wins, n_ids = {}, {}
+    for name, t in texts.items():
+        ids = tok(t).input_ids
+        if len(ids) < args.tokens:
+            raise SystemExit(f"{name} has only {len(ids)} tokens; pass --tokens {len(ids) // args.context * args.context}")
+        wins[name], n_ids[name] = spread(ids, args.tokens, args.context), len(ids)
+    models, result = {"reference": ref}, {}
     ref_state = {k: v.detach() for k, v in ref.state_dict().items()}
     for path in args.artifacts:
         model = copy.deepcopy(ref)
@@ -182,12 +198,20 @@ def main() -> None:
         model.lm_head.weight = torch.nn.Parameter(state.pop("lm_head.weight"), requires_grad=False)
         keys = model.load_state_dict(state, strict=False)
         assert not keys.unexpected_keys and set(keys.missing_keys) <= {"lm_head.weight"}, keys
-        for name, i in ids.items():
-            ppl, _, agree = evaluate(model, i, args.tokens, args.context, ref_top1[name])
-            result[name][path.name] = {"ppl": round(ppl, 3), "increase": f"{ppl / result[name]['reference'] - 1:+.1%}",
-                                       "top1_agreement": round(agree, 4)}
+        models[path.name] = model
         result.setdefault("weights", {})[path.name] = {"max_rel_err": float(f"{err[worst]:.3g}"), "tensor": worst}
-        del model
+    increase: dict[str, dict[str, float]] = {path.name: {} for path in args.artifacts}
+    for name, w in wins.items():
+        m = evaluate(models, w)
+        result[name] = {"tokens": args.tokens, "context": args.context, "text_tokens": n_ids[name],
+                        "reference": round(m["reference"]["ppl"], 3)}
+        for art, r in list(m.items())[1:]:
+            increase[art][name] = r["ppl"] / m["reference"]["ppl"] - 1
+            result[name][art] = {"ppl": round(r["ppl"], 3), "increase": f"{increase[art][name]:+.1%}",
+                                 "top1_agreement": round(r["top1_agreement"], 4), "kl": round(r["kl"], 4)}
+    for art, inc in increase.items():
+        hardest = max(inc, key=inc.get)
+        result.setdefault("worst", {})[art] = {"text": hardest, "increase": f"{inc[hardest]:+.1%}"}
     print(json.dumps(result, indent=1))
 
 

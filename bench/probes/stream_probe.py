@@ -1,6 +1,6 @@
-"""How fast blocks stream HBM into shared memory, four ways (bench/stream_probe.cu), on this GPU.
+"""How fast blocks stream HBM into shared memory, four ways (bench/probes/stream_probe.cu), on this GPU.
 
-    python3 bench/stream_probe.py [--blocks 128] [--kb 192] [--reps 20]
+    python3 bench/probes/stream_probe.py [--blocks 128] [--kb 192] [--reps 20]
 
 The shape is ``mlp_decode``'s: 128 blocks of 512 threads, 192 KB each, one block an SM. Each launch
 reads a different quarter of a buffer 4x the launch's bytes, so nothing comes from L2. Per mode:

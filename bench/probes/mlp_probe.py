@@ -1,20 +1,21 @@
 """The batch-1 Llama-3.2-1B MLP two ways, inside a 16-layer chain of qkv, attention, o and the MLP
 joined by programmatic edges, in the same process on the same GPU: the rule's gate_up and down
 gemv2 launches against grokc's one ``mlp_decode`` launch (``targets/kernels/mlp_decode.cuh``, the
-weights packed as ``artifacts/mlp_tiles.py`` lays them out). Prints JSON: each MLP against numpy,
+weights packed as ``abi/mlp_tiles.py`` lays them out). Prints JSON: each MLP against numpy,
 µs per 16 layers and the ratio.
 
-    python3 bench/mlp_probe.py [--reps 20] [--position P] [--ncu] [--check-only]
+    python3 bench/probes/mlp_probe.py [--reps 20] [--position P] [--ncu] [--check-only]
 
 The fused chain's o lets the next launch in at its entry, as the rule does in front of
 ``mlp_decode`` (``rules_linear.gemv2_variant``); the baseline keeps the rule's o. ``--position``:
 the decode position attention reads up to (default 227). ``--ncu``: one launch of each MLP outside
 graphs, for Nsight Compute. The stand-alone probe kernel this op started from (TRIG / RED / WARPS /
-SEM variants, docs/perf-notes.md runs 82–89) is ``bench/mlp_probe.cu`` at commit 6797ba4.
+SEM variants, docs/performance.md) is ``bench/mlp_probe.cu`` at commit 6797ba4.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import sys
@@ -22,35 +23,39 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import attention_kernels as ak  # noqa: E402
-import linear_kernels as lk  # noqa: E402  (maps grokc onto the checkout)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # bench/: the kernel benchmarks' helpers
+from kernel_timing import Timer  # noqa: E402
+from kernels_attention import attn_scalars, rope_np  # noqa: E402
+from linear_cases import LLAMA_DECODE, TARGET, host_case  # noqa: E402
 
 from grokc.abi import mlp_tiles  # noqa: E402
+from grokc.abi.ops import KERNEL_ABI  # noqa: E402
+from grokc.runner import cuda_driver as cd  # noqa: E402
 from grokc.runner.cpu import OPS  # noqa: E402
+from grokc.targets import KernelCall, build_kernels, select  # noqa: E402
 
-cd = lk.cd
 LAYERS, H, INTER = 16, 2048, 8192
 
 
-def _flag(name: str, default: int) -> int:
-    return int(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
-
-
 def main() -> None:
-    reps = _flag("--reps", 20)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--position", type=int, default=227, help="the decode position attention reads up to")
+    ap.add_argument("--ncu", action="store_true", help="one launch of each MLP outside graphs, for Nsight Compute")
+    ap.add_argument("--check-only", action="store_true", help="only the MLPs against numpy")
+    a = ap.parse_args()
     ctx = cd.Context(0)
     stream = cd.Stream()
-    timer = lk.Timer(stream)
-    shapes = {s.name: s for s in lk.LLAMA_DECODE[:4]}
-    sel = {n: lk.select(lk.KernelCall("linear", s.attrs, s.dims), lk.TARGET) for n, s in shapes.items()}
+    timer = Timer(stream)
+    shapes = {s.name: s for s in LLAMA_DECODE[:4]}
+    sel = {n: select(KernelCall("linear", s.attrs, s.dims), TARGET) for n, s in shapes.items()}
     sel["o_entry"] = dataclasses.replace(sel["o"], kernel=sel["o"].kernel.removesuffix("t1"))
-    scal = ak.attn_scalars("B", 1, 16)
-    achoice = lk.select(lk.KernelCall("attention_decode", dims=scal), lk.TARGET)
-    mlp_call = lk.KernelCall("mlp_decode", {"weight_format": "q4"}, {"hidden": H, "inter": INTER, "eps": 1e-5})
-    mchoice = lk.select(mlp_call, lk.TARGET)
-    mod = cd.Module(lk.build_kernels(sorted({c.kernel for c in sel.values()} | {achoice.kernel, mchoice.kernel}),
-                                   lk.TARGET))
+    scal = attn_scalars("B", 1, 16)
+    achoice = select(KernelCall("attention_decode", dims=scal), TARGET)
+    mlp_call = KernelCall("mlp_decode", {"weight_format": "q4"}, {"hidden": H, "inter": INTER, "eps": 1e-5})
+    mchoice = select(mlp_call, TARGET)
+    mod = cd.Module(build_kernels(sorted({c.kernel for c in sel.values()} | {achoice.kernel, mchoice.kernel}),
+                                   TARGET))
     result: dict = {"device": ctx.name, "sms": ctx.attribute("MULTIPROCESSOR_COUNT"),
                     "kernels": {n: c.kernel for n, c in sel.items()} | {"attention": achoice.kernel,
                                                                         "mlp_decode": mchoice.kernel}}
@@ -63,16 +68,16 @@ def main() -> None:
         return b.ptr
 
     rng = np.random.default_rng(1)
-    cases = {n: lk.host_case(s, seed=0) for n, s in shapes.items()}
+    cases = {n: host_case(s, seed=0) for n, s in shapes.items()}
     h0 = rng.standard_normal(H).astype(np.float16)
     h = up(h0)  # the first buffer: run_once resets it
     attn, qkv, mlp = up(rng.standard_normal(H).astype(np.float16)), up(np.zeros(3072, np.float16)), \
         up(np.zeros(INTER, np.float16))
     accs = [up(np.zeros(H, np.float32)) for _ in range(2)]
     gamma = up(cases["gate_up"]["norm"])
-    table, inv = ak.rope_np(64)
+    table, inv = rope_np(64)
     common = {"rope_table": up(table), "inv_freq": up(inv), "block_table": up(np.arange(16, dtype=np.int32)[None]),
-              "positions": up(np.array([_flag("--position", 227)], np.int32)), "active": up(np.ones(1, np.int32)),
+              "positions": up(np.array([a.position], np.int32)), "active": up(np.ones(1, np.int32)),
               **scal}
     packed = {part: mlp_tiles.pack(cases[name]["weight"], part, H, INTER)
               for part, name in ((mlp_tiles.Part.GATE_UP, "gate_up"), (mlp_tiles.Part.DOWN, "down"))}
@@ -90,7 +95,7 @@ def main() -> None:
         fn = mod.function(choice.kernel)
         if choice.smem > cd.DEFAULT_DYNAMIC_SMEM:
             fn.require_smem(choice.smem)
-        abi = lk.KERNEL_ABI[op]
+        abi = KERNEL_ABI[op]
         return cd.KernelLaunch(fn, choice.grid, choice.block, choice.smem,
                                cd.pack_args(abi, [vals[p.name] for p in abi]), pdl=choice.pdl)
 
@@ -147,9 +152,9 @@ def main() -> None:
     result["gemv2_mlp_rel_err"] = rel(run_once(base_layers[:2]), want)
     result["mlp_decode_rel_err"] = rel(run_once([mlp_decode(layers[0], 0)], accs[0]), want)
     print(json.dumps(result), flush=True)
-    if "--check-only" in sys.argv:
+    if a.check_only:
         return
-    if "--ncu" in sys.argv:
+    if a.ncu:
         for one in base_layers[2:4] + [mlp_decode(layers[1], 1)]:
             cd.launch(one.function, one.grid, one.block, one.smem, one.args, stream)
         stream.synchronize()
@@ -158,7 +163,7 @@ def main() -> None:
     for _ in range(3):  # rounds interleaved
         for name, launches in (("gemv2_qkv_o_mlp", chain(False)), ("mlp_decode_qkv_o_mlp", chain(True)),
                                ("gemv2_mlp_only", chain(False, False)), ("mlp_decode_mlp_only", chain(True, False))):
-            us = timer.graph(launches, reps=reps)[0] * len(launches)
+            us = timer.graph(launches, reps=a.reps)[0] * len(launches)
             timings.setdefault(name, []).append(round(us, 1))
     result["us_per_16_layers"] = timings
     result["ratio_mlp_decode_vs_gemv2"] = {
