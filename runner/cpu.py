@@ -403,37 +403,30 @@ def moe_route(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
                             "and n_shared >= 0; rebuild the artifact")
     slots, stacked = k + c, e + c
     logits = _arr(args, "logits", F32, t_all, e + gate)         # [T, E (+1)]
-    n_real = _opt(args, "n_real", I32, 1)
-    n = t_all if n_real is None else int(n_real[0])
+    n = t_all if (n_real := _opt(args, "n_real", I32, 1)) is None else int(n_real[0])
     if not 0 <= n <= t_all:
         raise ValueError(f"moe_route: n_real={n} is outside [0, {t_all}]")
     lg = logits[:n, :e]                                        # [n, E]
     chosen = np.argsort(-lg, axis=1, kind="stable")[:, :k]     # [n, k]: largest first, ties by index
-    p = np.exp(lg - lg.max(axis=1, keepdims=True))
-    p = p / p.sum(axis=1, keepdims=True)
-    w = np.take_along_axis(p, chosen, axis=1)                  # [n, k]
-    if args["norm_top_k"]:
-        w = w / w.sum(axis=1, keepdims=True)
+    ex = np.exp(lg - lg.max(axis=1, keepdims=True))
+    w = np.take_along_axis(ex, chosen, axis=1) / ex.sum(axis=1, keepdims=True)   # [n, k]: softmax probabilities
+    w = w / w.sum(axis=1, keepdims=True) if args["norm_top_k"] else w
     shared_w = F32(1) / (F32(1) + np.exp(-logits[:n, e])) if gate else np.ones(n, F32)   # [n]
     experts = np.concatenate([chosen, np.broadcast_to(e + np.arange(c), (n, c))], axis=1)  # [n, S]
-    weights = _arr(args, "weights", F32, t_all, slots)
-    weights[...] = 0
-    weights[:n, :k], weights[:n, k:] = w, shared_w[:, None]
     entries = np.argsort(experts.reshape(-1), kind="stable")   # [n*S]: by expert, then by token
     rows = np.empty(n * slots, np.int64)
     rows[entries] = np.arange(n * slots)
-    slot_rows = _arr(args, "slot_rows", I32, t_all, slots)
-    slot_rows[...] = -1
-    slot_rows[:n] = rows.reshape(n, slots)
-    row_token = _arr(args, "row_token", I32, t_all * slots)
-    row_token[...] = 0
-    row_token[:n * slots] = entries // slots
     counts = np.bincount(experts.reshape(-1), minlength=stacked)    # [E']
-    _arr(args, "offsets", I32, stacked + 1)[...] = np.concatenate([[0], np.cumsum(counts)])
-    active = _arr(args, "active", I32, stacked + 1)
-    active[...] = 0
     used = np.flatnonzero(counts)
-    active[0], active[1:1 + used.size] = used.size, used
+    outputs = {"weights": ((t_all, slots), 0, np.concatenate([w, np.repeat(shared_w[:, None], c, 1)], 1)),
+               "slot_rows": ((t_all, slots), -1, rows.reshape(n, slots)),   # past n_real: -1, no row
+               "row_token": ((t_all * slots,), 0, entries // slots),
+               "offsets": ((stacked + 1,), 0, np.concatenate([[0], np.cumsum(counts)])),
+               "active": ((stacked + 1,), 0, np.concatenate([[used.size], used]))}
+    for name, (shape, pad, value) in outputs.items():   # each written whole: its rows, then the padding value
+        out = _arr(args, name, F32 if name == "weights" else I32, *shape)
+        out[...] = pad
+        out[:len(value)] = value
 
 
 def _expert_rows(args: dict[str, Any], n_experts: int, rows: int) -> np.ndarray:
@@ -460,17 +453,14 @@ def moe_linear(args: dict[str, Any], attrs: Mapping[str, str], dense: np.ndarray
     act = _variant(attrs, "moe_linear", "act")
     out = _arr(args, "out", F16 if _variant(attrs, "moe_linear", "out_dtype") == "f16" else F32, r, n)
     w = (dense_weight(args, attrs, "moe_linear") if dense is None else dense).reshape(ne, -1, k)   # [E', NW, K]
-    offsets = _expert_rows(args, ne, r)
-    x = _arr(args, "x", F16, r, k)
-    for e in np.flatnonzero(np.diff(offsets)):
-        a, b = offsets[e], offsets[e + 1]
-        out[a:b] = _activate(x[a:b].astype(F32) @ w[e].T, n, act)
+    offsets, x = _expert_rows(args, ne, r), _arr(args, "x", F16, r, k)
+    for e in np.flatnonzero(np.diff(offsets)):   # in blocks of rows, as linear: a row's bits are its own
+        out[offsets[e]:offsets[e + 1]] = _activate(matmul_rows(x[offsets[e]:offsets[e + 1]].astype(F32), w[e]), n, act)
 
 
 def moe_combine(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
     t, h, slots = args["T"], args["hidden"], args["S"]
-    y = _arr(args, "y", F32, -1, h)                            # [R, H]
-    weights = _arr(args, "weights", F32, t, slots)
+    y, weights = _arr(args, "y", F32, -1, h), _arr(args, "weights", F32, t, slots)   # [R, H], [T, S]
     rows = _arr(args, "slot_rows", I32, t, slots).astype(np.int64)
     if rows.max(initial=-1) >= y.shape[0]:
         raise ArtifactError(f"moe_combine: a slot names row {rows.max()} past the {y.shape[0]} rows of y")

@@ -87,4 +87,4 @@ def test_int4_build_records_the_experts_tokens_and_its_quality(tmp_path):
     assert 0 <= experts["fewest_tokens"] <= experts["most_tokens"] <= calib.samples * calib.tokens
     # every token picks top_k distinct experts of each layer: the busiest one saw at least the mean
     assert experts["most_tokens"] >= calib.samples * calib.tokens * cfg.moe.top_k // cfg.moe.n_experts
-    assert quant.quality["tokens"] == 256 and 0 < quant.quality["kl_mean"] < float("inf")
+    assert quant.quality["tokens"] == 256 and 0 < quant.quality["worst"]["kl_mean"] < float("inf")
