@@ -7,10 +7,9 @@ Hugging Face checkpoints hold one tensor per expert (``block_sparse_moe.experts.
 
 from __future__ import annotations
 
-from grokc.compiler.models import llama
+from grokc.compiler.models import llama, moe
 from grokc.compiler.models.architecture import Architecture
 from grokc.core.config import MoeConfig
-from grokc.core.errors import UnsupportedModel
 from grokc.core.tensors import LLAMA_HF, Tensor
 
 _MOE = "model.layers.{i}.block_sparse_moe"
@@ -25,20 +24,13 @@ HF_NAMES = {
 
 def _hf_config(raw: dict, where: str) -> dict:
     llama.hf_config(raw, where)
-    try:
-        experts, top_k = int(raw["num_local_experts"]), int(raw["num_experts_per_tok"])
-        return {"moe": MoeConfig(experts, top_k, int(raw["intermediate_size"]))}
-    except KeyError as exc:
-        raise UnsupportedModel(f"{where} lacks {exc.args[0]!r}, which every Mixtral config has; re-export the model") from exc
-    except ValueError as exc:
-        raise UnsupportedModel(f"{where} describes an inconsistent mixture of experts: {exc}") from exc
+    return moe.read_config(lambda: MoeConfig(int(raw["num_local_experts"]), int(raw["num_experts_per_tok"]),
+                                             int(raw["intermediate_size"])), where, "Mixtral")
 
 
 def _gguf_config(key, where: str) -> dict:
-    try:
-        return {"moe": MoeConfig(int(key("expert_count")), int(key("expert_used_count")), int(key("feed_forward_length")))}
-    except ValueError as exc:
-        raise UnsupportedModel(f"{where} describes an inconsistent mixture of experts: {exc}") from exc
+    return moe.read_config(lambda: MoeConfig(int(key("expert_count")), int(key("expert_used_count")),
+                                             int(key("feed_forward_length"))), where, "Mixtral")
 
 
 ARCH = Architecture(

@@ -17,13 +17,16 @@ expert's ``down(act(gate x) * up x)`` times ``sigmoid(x . gate_inp_shexp)`` (or 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.library import custom_op
 from torch.nn import functional as F
 
 from grokc.compiler.models.architecture import TensorSpec
-from grokc.core.config import ModelConfig
+from grokc.core.config import ModelConfig, MoeConfig
+from grokc.core.errors import UnsupportedModel
 from grokc.core.tensors import Tensor
 
 ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh")}
@@ -116,6 +119,18 @@ def _(x, router, gate_exps, up_exps, down_exps, shexp_gate, shexp_up, shexp_down
       act):
     return torch.empty_like(x)
 
+
+
+def read_config(read: Callable[[], MoeConfig], where: str, family: str) -> dict:
+    """``{"moe": read()}`` for an architecture's config hook; a missing key (``KeyError``) or an
+    inconsistent ``MoeConfig`` becomes one ``UnsupportedModel`` line naming ``where``."""
+    try:
+        return {"moe": read()}
+    except KeyError as exc:
+        raise UnsupportedModel(f"{where} lacks {exc.args[0]!r}, which every {family} config has; "
+                               "re-export the model") from exc
+    except ValueError as exc:
+        raise UnsupportedModel(f"{where} describes an inconsistent mixture of experts: {exc}") from exc
 
 
 def _routed(c: ModelConfig) -> bool:

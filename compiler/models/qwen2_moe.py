@@ -13,7 +13,7 @@ attention biases.
 
 from __future__ import annotations
 
-from grokc.compiler.models import llama
+from grokc.compiler.models import llama, moe
 from grokc.compiler.models.architecture import Architecture
 from grokc.core.config import MoeConfig
 from grokc.core.errors import UnsupportedModel
@@ -44,14 +44,10 @@ def _hf_config(raw: dict, where: str) -> dict:
     if raw.get("use_sliding_window"):
         raise UnsupportedModel(f"{where} sets use_sliding_window=true; sliding-window attention is not supported")
     llama.hf_config(raw, where)
-    try:
-        return {"moe": MoeConfig(int(raw["num_experts"]), int(raw["num_experts_per_tok"]),
-                                 int(raw["moe_intermediate_size"]), norm_top_k=bool(raw.get("norm_topk_prob", False)),
-                                 shared_size=int(raw["shared_expert_intermediate_size"]), shared_gate=True)}
-    except KeyError as exc:
-        raise UnsupportedModel(f"{where} lacks {exc.args[0]!r}, which every Qwen2-MoE config has; re-export the model") from exc
-    except ValueError as exc:
-        raise UnsupportedModel(f"{where} describes an inconsistent mixture of experts: {exc}") from exc
+    return moe.read_config(lambda: MoeConfig(
+        int(raw["num_experts"]), int(raw["num_experts_per_tok"]), int(raw["moe_intermediate_size"]),
+        norm_top_k=bool(raw.get("norm_topk_prob", False)), shared_size=int(raw["shared_expert_intermediate_size"]),
+        shared_gate=True), where, "Qwen2-MoE")
 
 
 ARCH = Architecture(
