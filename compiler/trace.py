@@ -18,11 +18,11 @@ from grokc.compiler import models
 from grokc.core.config import ModelConfig
 from grokc.core.errors import UnsupportedModel, UnsupportedOp
 from grokc.core.ir import (
+    Act,
     AttentionAttrs,
     DType,
     EmbeddingAttrs,
     Graph,
-    Act,
     LinearAttrs,
     Module,
     MoeAttrs,
