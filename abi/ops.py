@@ -18,15 +18,17 @@ per slot, ``NB`` = KV blocks in the pool.
 
 Semantics (fp16 storage, fp32 arithmetic unless stated):
 
-``embedding``: ``out[i, :] = T[tokens[i], :]`` (f16 ``[n, hidden]``) for ``i < n``; a token outside
+``embedding``: ``out[i, :] = T[tokens[i], :] * scale`` (f16 ``[n, hidden]``) for ``i < n``, the
+  product in f32 rounded to f16 once (``scale == 1``: the row as is); a token outside
   ``[0, vocab)`` gives a zero row. The table ``T [vocab, hidden]`` by ``attrs["weight_format"]``:
-  - ``"f16"``: ``table`` f16 ``[vocab, hidden]``, copied as is; ``scales`` and ``zeros`` null.
+  - ``"f16"``: ``table`` f16 ``[vocab, hidden]``; ``scales`` and ``zeros`` null.
   - ``"q8"``: ``table`` u8 ``[vocab, hidden]``, one code per byte (``artifacts/int8.py``). ``"q4"``: ``table`` u8
     ``[vocab, hidden/2]`` packed as ``artifacts/int4.py`` says (``hidden % 8 == 0``). Both:
     ``scales`` f16 ``[vocab, G]``, ``zeros`` f16 ``[vocab, G]`` or null (null means the symmetric
     code: 128 for q8, 8 for q4), ``G = ceil(hidden / gs)`` with ``gs = group_size`` (0 or a multiple
     of 8) or ``hidden`` when ``group_size == 0``:
-    ``T[v, h] = (code[v, h] - zero[v, h // gs]) * scale[v, h // gs]`` in f32, rounded to f16 once.
+    ``T[v, h] = (code[v, h] - zero[v, h // gs]) * scales[v, h // gs]`` in f32 (times ``scale``),
+    rounded to f16 once.
 
 ``linear``: ``out = epilogue(prologue(x) @ W^T)`` with ``x`` f16 ``[M, K]``, or f32 when
   ``attrs["x_dtype"]`` is ``"f32"``: an f32 input is rounded to f16 as it is read, so it means the
@@ -42,10 +44,12 @@ Semantics (fp16 storage, fp32 arithmetic unless stated):
     ``[NW, K]``, one code per byte (``artifacts/int8.py``), ``scales`` and ``zeros`` as for q4
     (null ``zeros`` means the symmetric code 128), the same formula.
   - ``attrs["act"]``: ``"none"``: ``NW = N``. ``"silu_mul"``: ``NW = 2N``, rows ``[0, N)`` are the
-    gate and ``[N, 2N)`` the up projection: ``y = silu(y[:, :N]) * y[:, N:]``.
+    gate and ``[N, 2N)`` the up projection: ``y = silu(y[:, :N]) * y[:, N:]``. ``"gelu_tanh_mul"``:
+    the same with ``gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))`` for silu.
   - when ``addend`` (f32 ``[M, NW]``) is not null it is added to the raw products before the
     activation: ``y = prologue(x) @ W^T + addend`` (gate and up rows alike); ``sparse_residual``
-    writes it.
+    writes it. When ``bias`` (f16 ``[NW]``) is not null, ``bias[n]`` is added to column ``n`` of
+    every row at the same point.
   - when ``residual`` (f16 ``[M, N]``; f32 when ``attrs["residual_dtype"]`` is ``"f32"``, rounded
     to f16 as it is read) is not null: ``y += residual``. ``out`` may alias ``residual``.
   - ``out`` is f16 or f32 by ``attrs["out_dtype"]``.
@@ -68,6 +72,15 @@ Semantics (fp16 storage, fp32 arithmetic unless stated):
   ``acc`` f32 ``[1, hidden]`` must hold zeros on entry (the kernel adds into it from many blocks);
   ``clear`` f32 ``[1, hidden]``, another buffer, is set to zeros: the next ``mlp_decode``'s ``acc``.
 
+``rms_norm``: ``out[m, :] = x[m, :] * rsqrt(mean(x[m, :]**2) + eps) * weight (+ residual[m, :])``
+  for ``m < M``: ``x`` f16 ``[M, hidden]``, ``weight`` f16 ``[hidden]``, ``residual`` f16
+  ``[M, hidden]`` or null; f32 arithmetic, rounded to f16 once; ``out`` may alias ``residual``.
+
+``qk_norm``: per-head RMSNorm of the q and k heads of a fused ``qkv`` f16 ``[M, (NH + 2*NKV) * D]``
+  (q heads, k heads, v heads): ``out[m, h, :] = qkv[m, h, :] * rsqrt(mean(qkv[m, h, :]**2) + eps)
+  * w`` with ``w = q_norm`` (f16 ``[D]``) for ``h < NH`` and ``w = k_norm`` for
+  ``NH <= h < NH + NKV``, f32 arithmetic rounded to f16 once; the v heads are copied as they are.
+
 ``pack_mlp_tiles``: ``out`` u8 = ``artifacts/mlp_tiles.py``'s layout ``part`` (0 ``GATE_UP``, 1
   ``DOWN``) of the q4 ``weight`` of an MLP of sizes ``hidden``, ``inter`` (u8 ``[2 inter, hidden/2]``
   or ``[hidden, inter/2]``); the ``init`` graph runs it once at load.
@@ -77,14 +90,16 @@ Semantics (fp16 storage, fp32 arithmetic unless stated):
   ``[L, (NH + 2*NKV) * D]`` holds q heads, then k heads, then v heads. RoPE (below) rotates q and
   k; rotated q and k are rounded to f16. For ``t < t_real``: the rotated ``k_t`` and ``v_t`` are
   stored in the KV cache at position ``t`` of slot ``b``, and ``out[t]`` is causal grouped-query
-  attention of ``q_t`` over keys/values ``0..t`` with ``softmax(scale * q.k)`` (query head ``h``
-  reads kv head ``h // (NH / NKV)``, in decode too). Rows ``t >= t_real`` of ``out`` are zero and
-  nothing of them reaches the cache.
+  attention of ``q_t`` over keys/values ``lo(t)..t`` with ``softmax(scale * q.k)`` (query head ``h``
+  reads kv head ``h // (NH / NKV)``, in decode too), where ``lo(t) = 0``, or
+  ``max(0, t - window + 1)`` when ``window > 0`` (a local layer: ``window`` keys, the query's own
+  included). Rows ``t >= t_real`` of ``out`` are zero and nothing of them reaches the cache.
 
 ``attention_decode``: one new token per slot. For each ``b < B`` with ``active[b] != 0`` and
   ``p = positions[b]``: rotate q and k at position ``p``, store k and v at position ``p`` of slot
-  ``b``, and ``out[b]`` is attention of ``q`` over positions ``0..p`` of the slot. Inactive slots
-  get a zero row and leave the cache untouched.
+  ``b``, and ``out[b]`` is attention of ``q`` over positions ``lo(p)..p`` of the slot (``lo`` as
+  in prefill: a local layer reads only its window of the cache). Inactive slots get a zero row and
+  leave the cache untouched.
 
   KV cache: ``k_cache``, ``v_cache`` f16 ``[NB, NKV, S, D]`` per layer. Position ``p`` of slot
   ``b`` lives in block ``block_table[b, p // S]`` at row ``p % S``.
@@ -188,14 +203,17 @@ KV_BLOCK_SIZE = 16  # tokens per KV-cache block ("slot of 16 tokens" in DESIGN.m
 
 _ROPE_AND_CACHE = (_p("rope_table"), _p("inv_freq"), _p("k_cache"), _p("v_cache"), _p("block_table"))
 _ATTN_SCALARS = (_i("n_heads"), _i("n_kv_heads"), _i("head_dim"), _i("table_len"), _i("max_blocks"),
-                 _f("scale"), _f("mscale"))
+                 _i("window"), _f("scale"), _f("mscale"))
 
 KERNEL_ABI: dict[str, tuple[Param, ...]] = {
     "embedding": (_p("out"), _p("tokens"), _p("table"), _p("scales", True), _p("zeros", True),
-                  _i("n"), _i("hidden"), _i("vocab"), _i("group_size")),
+                  _i("n"), _i("hidden"), _i("vocab"), _i("group_size"), _f("scale")),
     "linear": (_p("out"), _p("x"), _p("weight"), _p("scales", True), _p("zeros", True),
-               _p("norm", True), _p("residual", True), _p("addend", True),
+               _p("norm", True), _p("residual", True), _p("addend", True), _p("bias", True),
                _i("M"), _i("N"), _i("K"), _i("group_size"), _f("eps")),
+    "rms_norm": (_p("out"), _p("x"), _p("weight"), _p("residual", True), _i("M"), _i("hidden"), _f("eps")),
+    "qk_norm": (_p("out"), _p("qkv"), _p("q_norm"), _p("k_norm"), _i("M"), _i("n_heads"), _i("n_kv_heads"),
+                _i("head_dim"), _f("eps")),
     "mlp_decode": (_p("acc"), _p("clear"), _p("x"), _p("norm"), _p("gate_up_tiles"), _p("gate_up_scales"),
                    _p("gate_up_zeros", True), _p("down_tiles"), _p("down_scales"), _p("down_zeros", True),
                    _i("hidden"), _i("inter"), _f("eps")),
@@ -226,7 +244,8 @@ KERNEL_ABI: dict[str, tuple[Param, ...]] = {
 # Variant attributes each op's launches carry (values are strings, part of the kernel's identity).
 KERNEL_VARIANTS: dict[str, dict[str, tuple[str, ...]]] = {
     "embedding": {"weight_format": ("f16", "q8", "q4")},
-    "linear": {"weight_format": ("f16", "q4", "q8"), "act": ("none", "silu_mul"), "out_dtype": ("f16", "f32"),
+    "linear": {"weight_format": ("f16", "q4", "q8"), "act": ("none", "silu_mul", "gelu_tanh_mul"),
+               "out_dtype": ("f16", "f32"),
                "x_dtype": ("f16", "f32"), "residual_dtype": ("f16", "f32")},
     "moe_linear": {"weight_format": ("f16", "q4"), "act": ("none", "silu_mul"), "out_dtype": ("f16", "f32")},
 }

@@ -19,7 +19,7 @@ from grokc.core.config import ModelConfig
 from grokc.core.errors import ArtifactError
 from grokc.core.meta import QuantInfo, RopeTable, Shapes
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
@@ -122,7 +122,7 @@ class Manifest:
     archs: Mapping[str, ArchInfo]       # arch name -> its plan and kernels
     shapes: Shapes
     quant: QuantInfo
-    rope: RopeTable
+    rope: tuple[RopeTable, ...]         # one table per RoPE of the model
     tokenizer: TokenizerInfo
     passes: tuple[str, ...]             # the passes every arch shares, in order
     weights: WeightsInfo
@@ -138,7 +138,7 @@ class Manifest:
             "format_version": self.format_version, "grokc_version": self.grokc_version,
             "source": {"format": self.source.format, "sha256": self.source.sha256},
             "model": self.model.to_json(), "archs": {a: info.to_json() for a, info in sorted(self.archs.items())},
-            "shapes": self.shapes.to_json(), "quant": self.quant.to_json(), "rope": self.rope.to_json(),
+            "shapes": self.shapes.to_json(), "quant": self.quant.to_json(), "rope": [r.to_json() for r in self.rope],
             "tokenizer": self.tokenizer.to_json(), "passes": list(self.passes), "weights": self.weights.to_json(),
             "files": {rel: {"sha256": f.sha256, "bytes": f.bytes} for rel, f in sorted(self.files.items())},
         }
@@ -154,7 +154,7 @@ class Manifest:
             grokc_version=d["grokc_version"], source=Source(**d["source"]), model=ModelConfig.from_json(d["model"]),
             archs={a: ArchInfo.from_json(info) for a, info in d["archs"].items()},
             shapes=Shapes.from_json(d["shapes"]), quant=QuantInfo.from_json(d["quant"]),
-            rope=RopeTable.from_json(d["rope"]), tokenizer=TokenizerInfo.from_json(d["tokenizer"]),
+            rope=tuple(RopeTable.from_json(r) for r in d["rope"]), tokenizer=TokenizerInfo.from_json(d["tokenizer"]),
             passes=tuple(d["passes"]), weights=WeightsInfo.from_json(d["weights"]),
             files={rel: FileInfo(**f) for rel, f in d["files"].items()}, format_version=d["format_version"],
         )

@@ -217,7 +217,7 @@ def decode_step(timer: Timer, kernels: Kernels, m: int, torch, best: dict) -> di
         a = host_case(s, seed=0)
         x, out, res = wires[s.name]
         vals = {**s.dims, "out": out, "x": x, "weight": up.ptr(a["weight"]), "scales": up.ptr(a["scales"]),
-                "zeros": None, "norm": up.ptr(a["norm"]), "residual": res, "addend": None}
+                "zeros": None, "norm": up.ptr(a["norm"]), "residual": res, "addend": None, "bias": None}
         c = sel[s.name]
         launches.append(cd.KernelLaunch(kernels.function(c.kernel), c.grid, c.block, c.smem,
                                         cd.pack_args(LINEAR, [vals[p.name] for p in LINEAR]), pdl=c.pdl))

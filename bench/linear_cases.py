@@ -214,7 +214,7 @@ def host_case(s: Shape, seed: int) -> dict:
     """Every ``linear`` argument of the call ``s`` on the host, by parameter name."""
     rng = np.random.default_rng((seed, s.m, s.n, s.k))
     a = {"x": rng.standard_normal((s.m, s.k)).astype(F16), "scales": None, "zeros": None, "norm": None,
-         "residual": None, "addend": None, **s.dims}
+         "residual": None, "addend": None, "bias": None, **s.dims}
     a["weight"], a["scales"] = host_weights(s, seed)
     if s.norm:
         a["norm"] = rng.uniform(0.5, 1.5, s.k).astype(F16)
@@ -238,7 +238,7 @@ class DeviceCase:
 
     def args(self, i: int) -> list:
         """Launch values in ``KERNEL_ABI["linear"]`` order, weight copy i."""
-        v = {**self.vals, "weight": self.weights[i], "scales": self.scales[i], "zeros": None, "addend": None,
+        v = {**self.vals, "weight": self.weights[i], "scales": self.scales[i], "zeros": None, "addend": None, "bias": None,
              **self.s.dims}
         return [v[p.name] for p in LINEAR]
 

@@ -91,7 +91,8 @@ def _main(debug: bool = typer.Option(False, "--debug", help="Full tracebacks; ve
 @app.command()
 @_user_errors
 def build(
-    model: Path = typer.Argument(..., help="A .gguf file or a Hugging Face folder (config.json + *.safetensors + tokenizer.json)."),
+    model: Path = typer.Argument(..., help="A .gguf file, a Hugging Face folder (config.json + *.safetensors + tokenizer.json), an .onnx file (torch.onnx.export or onnxruntime-genai's model builder) or a torch.export .pt2 file."),
+    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="ONNX and .pt2 models: a tokenizer.json or the Hugging Face folder holding one (default: the tokenizer.json beside MODEL)."),
     arch: List[str] = typer.Option(["sm90"], "--arch", help="GPU architecture to build for; repeat for several (sm80, sm86, sm89, sm90, sm100, sm120)."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Artifact folder to write (default: dist/<model name>)."),
     quant: str = typer.Option("int4", "--quant", help="Weight recipe: " + _recipes_help()),
@@ -135,7 +136,7 @@ def build(
                         eval_texts=tuple(eval_text),
                         max_ppl_increase=None if max_ppl_increase is None else _fraction(max_ppl_increase, "--max-ppl-increase"))
     out = out or Path("dist") / model.stem.split(".")[0]
-    manifest = run_build(model, out, opts, progress=_progress)
+    manifest = run_build(model, out, opts, progress=_progress, tokenizer=tokenizer)
     if as_json:
         typer.echo(manifest.to_bytes().decode())
     else:
@@ -216,11 +217,12 @@ def inspect(
 def verify(
     artifact: Path = typer.Argument(..., help="Artifact folder."),
     model: Optional[Path] = typer.Option(None, "--model", help="Source model: also check the artifact's numerics against it."),
+    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="With an ONNX or .pt2 --model: the tokenizer it was built with."),
 ):
     """Check every file's SHA-256; with --model, compare the artifact's logits to the source model."""
     from grokc.cli.verify import verify_artifact
 
-    for line in verify_artifact(artifact, model, progress=_progress):
+    for line in verify_artifact(artifact, model, progress=_progress, tokenizer=tokenizer):
         typer.echo(line)
 
 
@@ -229,6 +231,7 @@ def verify(
 def evaluate(
     artifact: Path = typer.Argument(..., help="Artifact folder."),
     model: Path = typer.Option(..., "--model", help="Source model the artifact was built from (the fp16 reference)."),
+    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="With an ONNX or .pt2 --model: the tokenizer it was built with."),
     tokens: int = typer.Option(1024, "--tokens", help="Tokens of each genre's evaluation text."),
     context: int = typer.Option(256, "--context", help="Context length of each evaluated window."),
     genre: List[str] = typer.Option([], "--genre", help="A shipped held-out genre to measure (docs, news, fiction, dialogue, encyclopedic); repeat for several; default: all."),
@@ -240,7 +243,7 @@ def evaluate(
     from grokc.compiler.text import EVAL_GENRES
 
     result = evaluate_artifact(artifact, model, tokens=tokens, context=context, genres=tuple(genre) or EVAL_GENRES,
-                               extra=tuple(eval_text), progress=_progress)
+                               extra=tuple(eval_text), progress=_progress, tokenizer=tokenizer)
     typer.echo(json.dumps(result, indent=1, sort_keys=True))
 
 

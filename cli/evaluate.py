@@ -21,7 +21,7 @@ Progress = Callable[[str], None]
 
 def evaluate_artifact(artifact: Path, model: Path, tokens: int = 1024, context: int = 256,
                       genres: tuple[str, ...] = EVAL_GENRES, extra: tuple[Path, ...] = (),
-                      progress: Progress = lambda s: None) -> dict:
+                      progress: Progress = lambda s: None, tokenizer: Path | None = None) -> dict:
     """Quality metrics of ``artifact`` (its CPU plan) against the source ``model`` on each of ``genres``
     (shipped) and ``extra`` (the user's files), and the worst genre."""
     from grokc.runner import Runner
@@ -31,7 +31,7 @@ def evaluate_artifact(artifact: Path, model: Path, tokens: int = 1024, context: 
         raise BuildOptionError(f"--genre {unknown[0]} is not a shipped evaluation genre; choose from {', '.join(EVAL_GENRES)}")
     texts = [t for t in eval_texts() if t.name in genres] + [user_text(p, "--eval-text") for p in extra]
     runner = Runner(artifact, device="cpu")
-    loaded = load_model(model, progress=progress)
+    loaded = load_model(model, progress=progress, tokenizer=tokenizer)
     check_source(runner.artifact.manifest.source.sha256, loaded.source_sha256, model)
     wins = {t.name: spread_windows(runner.encode(t.text), tokens, context, t.name) for t in texts}
     # The plan (numpy) runs before the reference (torch): once torch's thread pool has run, its idle

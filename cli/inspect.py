@@ -52,8 +52,8 @@ def render(info: dict) -> str:
         *(_quality_lines(q["quality"]) if "genres" in q.get("quality", {}) else []),
         f"shapes   batch {s['batch']}, buckets {s['buckets']}, max_seq {s['max_seq']}, "
         f"KV {s['kv_blocks']} blocks x {s['kv_block_size']} tokens",
-        f"rope     {info['rope']['config']['type']} theta {info['rope']['config']['theta']}, table "
-        f"{info['rope']['table_length']} positions, sha256 {info['rope']['table_sha256'][:16]}…",
+        *(f"rope     {r['name']}: {r['config']['type']} theta {r['config']['theta']}, table {r['table_length']} "
+          f"positions, sha256 {r['table_sha256'][:16]}…" for r in info["rope"]),
         f"passes   {' -> '.join(info['passes'])}",
         *(f"  {arch:<7}{' -> '.join(a['passes'])}" + ("  (+ PTX)" if a["ptx"] else "")
           for arch, a in sorted(info["arch_info"].items())),

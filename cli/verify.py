@@ -25,14 +25,15 @@ MIN_TOP1 = {"f16": 0.9, "q4": 0.35}
 CHECK_TOKENS = 64
 
 
-def verify_artifact(path: Path, model: Path | None, progress: Callable[[str], None] = lambda s: None) -> Iterator[str]:
+def verify_artifact(path: Path, model: Path | None, progress: Callable[[str], None] = lambda s: None,
+                    tokenizer: Path | None = None) -> Iterator[str]:
     art = open_artifact(path, verify=True)
     yield f"ok: {len(art.manifest.files)} files match their SHA-256 ({', '.join(art.manifest.archs)})"
     if model is None:
         return
     from grokc.runner import Runner
 
-    loaded = load_model(model, progress=progress)
+    loaded = load_model(model, progress=progress, tokenizer=tokenizer)
     check_source(art.manifest.source.sha256, loaded.source_sha256, model)
     yield f"ok: built from {Path(model).name} (sha256 {loaded.source_sha256[:12]}…)"
     runner = Runner(path, device="cpu", verify=False)

@@ -1,6 +1,7 @@
 """``grokc build``: model file -> artifact folder. The side effects of a build live here.
 
-load (frontend) -> trace (torch.export) -> calibrate (a calibrated recipe: statistics of the
+load (frontend) -> trace (torch.export; a graph frontend hands over the IR of its own graph
+instead) -> calibrate (a calibrated recipe: statistics of the
 linears' inputs, compiler/calibrate.py) -> passes (pipeline.py) -> quality report and gate
 (optional, compiler/quality.py) -> lower per arch -> nvcc per arch -> write the artifact. Every
 choice is a function of the inputs and options, so two builds of the same model with the same
@@ -37,10 +38,11 @@ from grokc.compiler.lower import lower
 from grokc.compiler.pipeline import CompileOptions, run_passes, shared_passes, target_passes
 from grokc.compiler.text import EVAL_GENRES, Text, eval_texts, paragraphs, user_text
 from grokc.compiler.trace import trace_module
+from grokc.core import tensors as names
 from grokc.core.errors import BuildOptionError, QualityError
 from grokc.core.ir import Module, WeightFormat
 from grokc.passes.static_shapes import StaticShapes
-from grokc.quant.recipe import QUANT
+from grokc.quant.recipe import QUANT, QuantRecipe
 from grokc.targets import Target, build_kernels, get_target
 
 Progress = Callable[[str], None]
@@ -105,15 +107,17 @@ class BuildOptions:
 _WEIGHT_FORMATS = {"fp16": WeightFormat.F16, "int8": WeightFormat.Q8, "int4": WeightFormat.Q4}
 
 
-def build(model_path: str | Path, out: str | Path, opts: BuildOptions, progress: Progress = lambda s: None) -> Manifest:
-    """Build the artifact for ``model_path`` into ``out`` and return its manifest."""
+def build(model_path: str | Path, out: str | Path, opts: BuildOptions, progress: Progress = lambda s: None,
+          tokenizer: str | Path | None = None) -> Manifest:
+    """Build the artifact for ``model_path`` into ``out`` and return its manifest (``tokenizer``: for
+    ONNX and torch.export models, see ``load_model``)."""
     opts.targets   # refuse a bad --arch before any work
     opts.compile_options()
     progress(f"loading {Path(model_path).name}")
     if opts.synthetic_seed is not None:
         loaded = load_config(model_path, opts.synthetic_seed)
     else:
-        loaded = load_model(model_path, progress=progress)
+        loaded = load_model(model_path, progress=progress, tokenizer=tokenizer)
     return build_loaded(loaded, out, opts, progress)
 
 
@@ -132,7 +136,7 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
             raise BuildOptionError("--fp16-residual needs real weights to correct; --synthetic-weights builds "
                                    "cannot keep one (drop --fp16-residual)")
         copts = replace(copts, quant=copts.quant.uncalibrated())  # random codes are filled at load: layout only
-    elif copts.quant.calibrated:
+    elif copts.quant.calibrated and not _carries_all(loaded, copts.quant):
         _check_held_out(opts.calibration.sources(), held_out[0] if held_out else [], progress)
         # The kernels depend on shapes and formats, not on calibrated values: compile them first, so a
         # toolchain problem shows before minutes of calibration (the final plans reuse the binaries).
@@ -142,6 +146,9 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
         t1 = time.perf_counter()
         copts = replace(copts, calibration=calibrate(loaded, copts.quant, opts.calibration, progress))
         progress(f"calibrated in {time.perf_counter() - t1:.1f} s")
+    elif copts.quant.calibrated:   # every int4 weight keeps the source's codes: GPTQ has nothing to do
+        progress("every int4 weight is carried from the source's own blocks: no calibration")
+        copts = replace(copts, quant=copts.quant.uncalibrated())
     module = compile_loaded(loaded, copts, opts.check_ir, progress)
     if held_out is not None:
         module = _quality_gate(loaded, module, opts, held_out, progress)
@@ -190,19 +197,35 @@ def _compile(plan: Plan, target: Target, progress: Progress) -> tuple[list[str],
 
 def compile_loaded(loaded: LoadedModel, copts: CompileOptions, check_ir: bool = False,
                    progress: Progress = lambda s: None) -> Module:
-    """Trace a loaded model and run the shared passes on it (no I/O)."""
-    progress("tracing with torch.export")
-    module = trace_module(loaded.config, loaded.weights)
+    """Trace a loaded model (or take the IR its graph frontend built) and run the shared passes on
+    it (no I/O)."""
+    if loaded.module is not None:
+        module = loaded.module
+    else:
+        progress("tracing with torch.export")
+        module = trace_module(loaded.config, loaded.weights)
     return run_passes(module, shared_passes(copts, loaded.config.moe is not None), check=check_ir, progress=progress)
+
+
+def _carries_all(loaded: LoadedModel, recipe: QuantRecipe) -> bool:
+    """True when every weight ``recipe`` would round with GPTQ (its int4 linears) keeps codes the
+    source stored (``meta.carried``), so calibration would measure statistics nothing reads."""
+    carried = {} if loaded.module is None else loaded.module.meta.carried
+    if not carried:
+        return False
+    block = [n for n, a in loaded.weights.items() if a.ndim == 2 and n not in (names.name(names.Tensor.TOKEN_EMBD), names.LM_HEAD)]
+    gptq = (block if recipe.weight_format is WeightFormat.Q4 else []) + (
+        [names.LM_HEAD] if recipe.lm_head is WeightFormat.Q4 else [])
+    return all(n in carried for n in gptq)
 
 
 def _held_out(loaded: LoadedModel, opts: BuildOptions) -> tuple[list[Text], dict[str, list[list[int]]]]:
     """The quality report's texts (the shipped genres, then each ``--eval-text``) and their windows,
     read before the long steps so that a missing or short text fails at once."""
     texts = eval_texts() + [user_text(Path(p), "--eval-text") for p in opts.eval_texts]
-    names = [t.name for t in texts]
-    if len(set(names)) < len(names):
-        raise BuildOptionError(f"--eval-text {sorted(n for n in names if names.count(n) > 1)[0]} is given twice, "
+    given = [t.name for t in texts]
+    if len(set(given)) < len(given):
+        raise BuildOptionError(f"--eval-text {sorted(n for n in given if given.count(n) > 1)[0]} is given twice, "
                                f"or shares its name with a shipped genre ({', '.join(EVAL_GENRES)}); give it once")
     return texts, quality.report_windows(loaded.tokenizer_json, texts, opts.quality_tokens, opts.quality_context)
 

@@ -142,7 +142,7 @@ def collect(model: torch.nn.Module, windows: list[list[int]], quantize: Quantize
         stats = calibrate_moe.ExpertStats(block, model.cfg, i) if model.cfg.moe else None
         if stats is not None:
             hooks.append(block.ffn_norm.register_forward_hook(stats.hook))
-        outputs = [block(h, p, model.rope_inv_freq, model.mscale) for h, p in zip(hidden, positions)]
+        outputs = [model.forward_block(i, h, p) for h, p in zip(hidden, positions)]
         for hook in hooks:
             hook.remove()
         for key, s in sums.items():
@@ -159,7 +159,7 @@ def collect(model: torch.nn.Module, windows: list[list[int]], quantize: Quantize
                 linear.weight.copy_(torch.from_numpy(deq))
             if stats is not None:
                 stats.quantize(quantize, out)
-            outputs = [block(h, p, model.rope_inv_freq, model.mscale) for h, p in zip(hidden, positions)]
+            outputs = [model.forward_block(i, h, p) for h, p in zip(hidden, positions)]
         hidden = outputs
     sums = {}
     _accumulate(sums, names.LM_HEAD)(None, (torch.cat([model.output_norm(h) for h in hidden]),))

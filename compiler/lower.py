@@ -72,7 +72,8 @@ def _embedding(m: Module, g: Graph, n: Node):
     t, h = g.tensors[n.outputs[0]].shape
     refs = {r: n.inputs.get(r) for r in ("tokens", "table", "scales", "zeros")}
     return "embedding", {"weight_format": n.attrs.weight_format.value}, {"out": n.outputs[0], **refs}, \
-        {"n": t, "hidden": h, "vocab": m.params[n.inputs["table"]].shape[0], "group_size": n.attrs.group_size}
+        {"n": t, "hidden": h, "vocab": m.params[n.inputs["table"]].shape[0], "group_size": n.attrs.group_size,
+         "scale": n.attrs.scale}
 
 
 def _type(m: Module, g: Graph, name: str) -> TensorType:
@@ -88,7 +89,7 @@ def _linear(m: Module, g: Graph, n: Node):
         "out": n.outputs[0], "x": n.inputs["x"],
         "weight": n.inputs["qweight" if quantized else "weight"], "scales": n.inputs.get("scales"),
         "zeros": n.inputs.get("zeros"), "norm": n.inputs.get("norm"), "residual": n.inputs.get("residual"),
-        "addend": n.inputs.get("addend"),
+        "addend": n.inputs.get("addend"), "bias": n.inputs.get("bias"),
     }
     attrs = {"weight_format": a.weight_format.value, "act": a.act.value,
              "out_dtype": "f32" if out.dtype.value == "float32" else "f16"}
@@ -138,15 +139,31 @@ def _sparse_residual(m: Module, g: Graph, n: Node):
 
 def _attention(m: Module, g: Graph, n: Node):
     a = n.attrs
-    shapes, rope = m.meta.shapes, m.meta.rope
+    shapes, rope = m.meta.shapes, m.meta.rope_table(n.inputs["rope_table"])
     prefill = a.mode is AttnMode.PREFILL
     refs = {"out": n.outputs[0], **{r: n.inputs[r] for r in ("qkv", "rope_table", "inv_freq", "k_cache", "v_cache",
                                                               "block_table")}}
     refs.update({r: n.inputs[r] for r in (("slot", "n_real") if prefill else ("positions", "active"))})
     dims = {"L" if prefill else "B": g.tensors[n.inputs["qkv"]].shape[0], "n_heads": a.n_heads,
             "n_kv_heads": a.n_kv_heads, "head_dim": a.head_dim, "table_len": rope.table_length,
-            "max_blocks": shapes.max_blocks_per_seq, "scale": a.scale, "mscale": rope.mscale}
+            "max_blocks": shapes.max_blocks_per_seq, "window": a.window, "scale": a.scale, "mscale": rope.mscale}
     return ("attention_prefill" if prefill else "attention_decode"), {}, refs, dims
+
+
+def _rms_norm(m: Module, g: Graph, n: Node):
+    if n.attrs.group:
+        raise UnsupportedOp(f"per-head rms_norm '{n.name}' survived the passes; fuse_attention should have made "
+                            "it a qk_norm")
+    rows, hidden = g.tensors[n.outputs[0]].shape
+    refs = {"out": n.outputs[0], "x": n.inputs["x"], "weight": n.inputs["weight"], "residual": n.inputs.get("residual")}
+    return "rms_norm", {}, refs, {"M": rows, "hidden": hidden, "eps": n.attrs.eps}
+
+
+def _qk_norm(m: Module, g: Graph, n: Node):
+    a = n.attrs
+    refs = {"out": n.outputs[0], **{r: n.inputs[r] for r in ("qkv", "q_norm", "k_norm")}}
+    return "qk_norm", {}, refs, {"M": g.tensors[n.outputs[0]].shape[0], "n_heads": a.n_heads,
+                                 "n_kv_heads": a.n_kv_heads, "head_dim": a.head_dim, "eps": a.eps}
 
 
 def _take_last(m: Module, g: Graph, n: Node):
@@ -208,6 +225,8 @@ _OPS = {
     OpKind.SPARSE_RESIDUAL: _sparse_residual,
     OpKind.MLP_DECODE: _mlp_decode,
     OpKind.ATTENTION: _attention,
+    OpKind.RMS_NORM: _rms_norm,
+    OpKind.QK_NORM: _qk_norm,
     OpKind.TAKE_LAST: _take_last,
     OpKind.SAMPLE: _sample,
     OpKind.MOE_ROUTE: _moe_route,

@@ -1,13 +1,13 @@
 """Quality of an artifact against its unquantized source: perplexity, top-1 agreement, KL.
 
-The reference is grokc's torch Llama in float32 on the source weights (the dequantized GGUF or
+The reference is grokc's torch model in float32 on the source weights (the dequantized GGUF or
 the HF checkpoint): the "fp16 model" of the issues, without any rounding of ours. The artifact is
 measured in one of two ways:
 
 - ``evaluate_artifact`` (``grokc eval``): its CPU plan, teacher-forced token by token through the
   decode graph (``Engine.score``), so what is measured is exactly what the runner computes, f16
   activations included; one decode step per token, so slow (minutes for 4096 tokens).
-- ``build_report`` (``grokc build``): the same torch Llama in float32 on the weights the module
+- ``build_report`` (``grokc build``): the same torch model in float32 on the weights the module
   stores (int4 codes dequantized plus any fp16 residual, everything else f16-rounded): what the
   weight recipe costs, one forward per window (seconds). On SmolLM2 the two agree to about 0.1 % in perplexity.
 
@@ -58,7 +58,8 @@ _FUSED = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate"
 
 def stored_weights(module: Module) -> dict[str, np.ndarray]:
     """Canonically named f32 weights as a quantized ``module`` stores them: every LINEAR's matrix as
-    the kernels see it (int4 and int8 dequantized, plus any fp16 residual), fused ones split back, norms and embeddings as stored."""
+    the kernels see it (int4 and int8 dequantized, plus any fp16 residual), fused ones (and their
+    biases) split back, norms and embeddings as stored."""
     cfg = module.config
     g = next(iter(module.graphs.values()))
     out: dict[str, np.ndarray] = {}
@@ -70,8 +71,6 @@ def stored_weights(module: Module) -> dict[str, np.ndarray]:
             experts[n.inputs.get("weight", n.inputs.get("qweight"))] = _dense_experts(module, n)
         if n.op is not OpKind.LINEAR:
             continue
-        if "norm" in n.inputs:
-            out[n.inputs["norm"]] = np.asarray(module.params[n.inputs["norm"]], np.float32)
         w = _dense(module, n)
         if n.outputs[0] in g.outputs:
             out[names.LM_HEAD] = w
@@ -81,8 +80,14 @@ def stored_weights(module: Module) -> dict[str, np.ndarray]:
         parts = _FUSED.get(kind, (kind,))
         rows = {"attn_q": cfg.q_dim, "attn_k": cfg.kv_dim, "attn_v": cfg.kv_dim}
         sizes = [rows.get(p, w.shape[0] // len(parts)) for p in parts]
-        for p, chunk in zip(parts, np.split(w, np.cumsum(sizes)[:-1])):
-            out[names.name(names.Tensor(p), int(layer))] = chunk
+        stored = {"weight": w, **({"bias": np.asarray(module.params[n.inputs["bias"]], np.float32)} if "bias" in n.inputs else {})}
+        for suffix, a in stored.items():
+            for p, chunk in zip(parts, np.split(a, np.cumsum(sizes)[:-1])):
+                out[names.name(names.Tensor(p), int(layer), suffix)] = chunk
+    for name, a in module.params.items():   # every norm weight, wherever its node reads it
+        parsed = names.parse(name)
+        if parsed is not None and parsed[0].is_norm:
+            out[name] = np.asarray(a, np.float32)
     for layer in range(cfg.num_layers) if cfg.moe else ():
         base = {k: names.name(k, layer).removesuffix(".weight") for k in (names.Tensor.FFN_GATE_UP_EXPS, names.Tensor.FFN_DOWN_EXPS)}
         gate_up, down = (next(w for key, w in experts.items() if key.startswith(b + ".")) for b in base.values())

@@ -17,11 +17,11 @@ import numpy as np
 from grokc.abi.ops import KERNEL_ABI, ArgKind
 from grokc.abi.synthetic import Fill, SyntheticTensor
 from grokc.artifacts.plan import Arg, GraphPlan, Launch
-from grokc.passes.rope_table import TABLE
+from grokc.core import rope as rope_math
 from grokc.passes.static_shapes import EOS_IDS
 from grokc.targets import KernelCall, Target, select
 
-CONFIG_CONSTANTS = frozenset({TABLE, "rope_inv_freq", EOS_IDS})
+CONFIG_CONSTANTS = frozenset({*rope_math.TABLES, *rope_math.TABLES.values(), EOS_IDS})  # every RoPE's table and frequencies
 CODE_STD = 4.6  # standard deviation of (code - 8) for uniform codes in [0, 16)
 CODE8_STD = 73.9  # standard deviation of (code - 128) for uniform codes in [0, 256) (q8 embedding tables, the q8 LM head)
 

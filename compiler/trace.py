@@ -130,20 +130,26 @@ Converter = Callable[[torch.fx.Node, str, list, object], Node]
 
 
 def _embedding(fx, name, a, _):
-    return Node(OpKind.EMBEDDING, name, {"table": a[0], "tokens": a[1]}, (name,), EmbeddingAttrs())
+    return Node(OpKind.EMBEDDING, name, {"table": a[1], "tokens": a[0]}, (name,), EmbeddingAttrs(scale=float(a[2])))
 
 
 def _rms_norm(fx, name, a, _):
     return Node(OpKind.RMS_NORM, name, {"x": a[0], "weight": a[1]}, (name,), RmsNormAttrs(eps=float(a[2])))
 
 
+def _head_rms_norm(fx, name, a, _):
+    group = int(fx.args[1].meta["val"].shape[0])
+    return Node(OpKind.RMS_NORM, name, {"x": a[0], "weight": a[1]}, (name,), RmsNormAttrs(float(a[2]), group))
+
+
 def _linear(fx, name, a, _):
-    if len(a) > 2 and a[2] is not None:
-        raise UnsupportedModel(f"linear layer '{name}' has a bias; Llama-family models have none")
-    return Node(OpKind.LINEAR, name, {"x": a[0], "weight": a[1]}, (name,), LinearAttrs())
+    bias = {"bias": a[2]} if len(a) > 2 and a[2] is not None else {}
+    return Node(OpKind.LINEAR, name, {"x": a[0], "weight": a[1], **bias}, (name,), LinearAttrs())
 
 
 def _rope(fx, name, a, _):
+    """The frequencies ``inv_freq``; a longrope's short-factor ones (arguments 5, 6) stay out of the
+    IR: ``passes/rope_table.py`` builds the per-position table from the RoPE config."""
     x_shape = fx.args[0].meta["val"].shape
     head_dim = int(a[3])
     return Node(OpKind.ROPE, name, {"x": a[0], "positions": a[1], "inv_freq": a[2]}, (name,),
@@ -152,7 +158,7 @@ def _rope(fx, name, a, _):
 
 def _attention(fx, name, a, layers):
     attrs = AttentionAttrs(layer=next(layers), n_heads=int(a[3]), n_kv_heads=int(a[4]), head_dim=int(a[5]),
-                           scale=float(a[6]))
+                           scale=float(a[6]), window=int(a[7]) if len(a) > 7 else 0)
     return Node(OpKind.ATTENTION, name, {"q": a[0], "k": a[1], "v": a[2]}, (name,), attrs)
 
 
@@ -179,14 +185,23 @@ def _moe(fx, name, a, _):
     return Node(OpKind.MOE, name, inputs, (name,), attrs)
 
 
+def _gelu(fx, name, a, _):
+    approximate = fx.kwargs.get("approximate", a[1] if len(a) > 1 else "none")
+    if approximate != "tanh":
+        raise UnsupportedOp(f"'{name}' is GELU with approximate={approximate!r}; grokc lowers the tanh form only")
+    return Node(OpKind.GELU_TANH, name, {"x": a[0]}, (name,))
+
+
 _CONVERTERS: dict[object, Converter] = {
-    torch.ops.aten.embedding.default: _embedding,
+    torch.ops.grokc.embedding.default: _embedding,
     torch.ops.grokc.rms_norm.default: _rms_norm,
+    torch.ops.grokc.head_rms_norm.default: _head_rms_norm,
     torch.ops.aten.linear.default: _linear,
     torch.ops.grokc.rope.default: _rope,
     torch.ops.grokc.attention.default: _attention,
     torch.ops.aten.add.Tensor: _binary(OpKind.ADD),
     torch.ops.aten.mul.Tensor: _binary(OpKind.MUL),
     torch.ops.aten.silu.default: _silu,
+    torch.ops.aten.gelu.default: _gelu,
     torch.ops.grokc.moe.default: _moe,
 }

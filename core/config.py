@@ -1,7 +1,10 @@
 """The model hyper-parameters every frontend produces and every later stage reads.
 
-Only the Llama family is described here: a decoder-only transformer with RMSNorm, grouped-query
-attention with rotary embeddings, and a SwiGLU MLP, no biases.
+A decoder-only transformer with RMSNorm, grouped-query attention with rotary embeddings and a
+gated MLP: the Llama skeleton. The fields after ``architecture`` are the variants the families of
+``compiler/models/`` set (their defaults are Llama's): q/k/v biases, per-head q/k norms, norms
+after the attention and the MLP, the MLP's activation, an embedding scale, a softmax scale, local
+(sliding-window) layers with a RoPE of their own.
 """
 
 from __future__ import annotations
@@ -16,6 +19,14 @@ class RopeType(enum.Enum):
     LINEAR = "linear"
     LLAMA3 = "llama3"
     YARN = "yarn"
+    LONGROPE = "longrope"
+
+
+class Activation(enum.Enum):
+    """The gated MLP's activation: ``down(act(gate(x)) * up(x))``."""
+
+    SILU = "silu"              # SwiGLU
+    GELU_TANH = "gelu_tanh"    # GeGLU with the tanh approximation of GELU (gelu_pytorch_tanh)
 
 
 @dataclass(frozen=True)
@@ -31,19 +42,23 @@ class RopeConfig:
     factor: float = 1.0
     low_freq_factor: float = 1.0  # llama3
     high_freq_factor: float = 4.0  # llama3
-    original_max_position_embeddings: int = 0  # llama3, yarn
+    original_max_position_embeddings: int = 0  # llama3, yarn, longrope
     beta_fast: float = 32.0  # yarn
     beta_slow: float = 1.0  # yarn
-    attention_factor: float | None = None  # yarn; None means 0.1 * ln(factor) + 1
+    attention_factor: float | None = None  # yarn (None means 0.1 * ln(factor) + 1), longrope (always set)
+    short_factor: tuple[float, ...] = ()  # longrope: divisors of the frequencies below original_max_position_embeddings
+    long_factor: tuple[float, ...] = ()   # longrope: divisors from there on
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
         d["type"] = self.type.value
+        d["short_factor"], d["long_factor"] = list(self.short_factor), list(self.long_factor)
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> "RopeConfig":
-        return cls(**{**d, "type": RopeType(d["type"])})
+        return cls(**{**d, "type": RopeType(d["type"]), "short_factor": tuple(d.get("short_factor", ())),
+                      "long_factor": tuple(d.get("long_factor", ()))})
 
 
 @dataclass(frozen=True)
@@ -76,7 +91,7 @@ class MoeConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Hyper-parameters of a Llama-family model, named as in Hugging Face's LlamaConfig."""
+    """Hyper-parameters of a model, named as in Hugging Face's LlamaConfig where it has the field."""
 
     vocab_size: int
     hidden_size: int
@@ -93,6 +108,16 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     architecture: str = "llama"
     moe: MoeConfig | None = None           # set: every layer's MLP is a mixture of experts
+    # The family's variants of the Llama block (compiler/models/transformer.py reads them).
+    qkv_bias: bool = False                 # q, k and v projections add a bias (Qwen2)
+    qk_norm: bool = False                  # each q and k head is RMS-normalised before RoPE (Qwen3, Gemma 3)
+    post_norms: bool = False               # attention and MLP outputs are RMS-normalised before the residual add
+    activation: Activation = Activation.SILU
+    embedding_scale: float = 1.0           # token embeddings are multiplied by this (Gemma 3: sqrt(hidden))
+    attention_scale: float | None = None   # softmax scale; None: head_dim ** -0.5
+    sliding_window: int = 0                # keys a query of a local layer sees, itself included; 0: no local layers
+    local_layers: tuple[int, ...] = ()     # layers attending over the last sliding_window positions only
+    rope_local: RopeConfig | None = None   # the local layers' own RoPE (Gemma 3); None: ``rope``
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -101,6 +126,22 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
+        if bool(self.sliding_window > 0) != bool(self.local_layers):
+            raise ValueError(f"sliding_window ({self.sliding_window}) and local_layers ({list(self.local_layers)}) "
+                             "must be set together")
+        if any(not 0 <= i < self.num_layers for i in self.local_layers):
+            raise ValueError(f"local_layers {list(self.local_layers)} name layers outside 0..{self.num_layers - 1}")
+        if self.rope_local is not None and not self.local_layers:
+            raise ValueError("rope_local is set but no layer is local")
+
+    @property
+    def attn_scale(self) -> float:
+        """The softmax scale of every attention layer."""
+        return self.head_dim ** -0.5 if self.attention_scale is None else self.attention_scale
+
+    def window(self, layer: int) -> int:
+        """Keys a query of ``layer`` sees (itself included), or 0 for the whole context."""
+        return self.sliding_window if layer in self.local_layers else 0
 
     @property
     def q_dim(self) -> int:
@@ -114,9 +155,16 @@ class ModelConfig:
         d = dataclasses.asdict(self)
         d["rope"] = self.rope.to_json()
         d["eos_token_ids"] = list(self.eos_token_ids)
+        d["activation"] = self.activation.value
+        d["local_layers"] = list(self.local_layers)
+        d["rope_local"] = None if self.rope_local is None else self.rope_local.to_json()
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> "ModelConfig":
+        local = d.get("rope_local")
         return cls(**{**d, "rope": RopeConfig.from_json(d["rope"]), "eos_token_ids": tuple(d["eos_token_ids"]),
+                      "activation": Activation(d.get("activation", Activation.SILU.value)),
+                      "local_layers": tuple(d.get("local_layers", ())),
+                      "rope_local": None if local is None else RopeConfig.from_json(local),
                       "moe": MoeConfig(**d["moe"]) if d.get("moe") else None})

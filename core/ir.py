@@ -58,15 +58,18 @@ class TensorType:
 
 class OpKind(enum.Enum):
     # Produced by the frontend (compiler/trace.py).
-    EMBEDDING = "embedding"        # x: tokens [T] i32, table [V, H]          -> [T, H]
-    RMS_NORM = "rms_norm"          # x [T, H], weight [H]                     -> [T, H]
-    LINEAR = "linear"              # x [T, K], weight [N, K] (+ fused inputs)  -> [T, N]
+    EMBEDDING = "embedding"        # x: tokens [T] i32, table [V, H]          -> [T, H] (times attrs.scale)
+    RMS_NORM = "rms_norm"          # x [T, H], weight [H or group] (+ residual) -> [T, H]
+    LINEAR = "linear"              # x [T, K], weight [N, K] (+ bias, fused inputs) -> [T, N]
     ROPE = "rope"                  # x [T, heads*D], positions [T]            -> same
     ATTENTION = "attention"        # q, k, v [T, heads*D] (+ cache inputs)    -> [T, NH*D]
     ADD = "add"                    # a, b                                     -> a + b
     MUL = "mul"                    # a, b                                     -> a * b
     SILU = "silu"                  # x                                        -> x * sigmoid(x)
     MOE = "moe"                    # x [T, H], router, experts (+ shared)     -> [T, H] (MoeAttrs)
+    GELU_TANH = "gelu_tanh"        # x                                        -> tanh-approximated GELU
+    # Introduced by passes/fuse_attention.py.
+    QK_NORM = "qk_norm"            # qkv [T, (NH+2NKV)*D], q_norm, k_norm [D]  -> same, q and k heads normalised
     # Introduced by passes/static_shapes.py.
     TAKE_LAST = "take_last"        # x [L, H], n_real [1]                     -> [1, H]
     SAMPLE = "sample"              # logits [M, V] + slot state               -> (state updates)
@@ -91,7 +94,8 @@ class WeightFormat(enum.Enum):
 
 class Act(enum.Enum):
     NONE = "none"
-    SILU_MUL = "silu_mul"  # weight holds [gate; up]: y = silu(x@gate^T) * (x@up^T)
+    SILU_MUL = "silu_mul"            # weight holds [gate; up]: y = silu(x@gate^T) * (x@up^T)
+    GELU_TANH_MUL = "gelu_tanh_mul"  # the same with tanh-approximated GELU (GeGLU)
 
 
 class AttnMode(enum.Enum):
@@ -107,6 +111,21 @@ class NoAttrs:
 
 @dataclass(frozen=True)
 class RmsNormAttrs:
+    """``group`` > 0: every ``group`` consecutive elements of a row are normalised on their own
+    (per-head q/k norms; weight ``[group]``), which ``fuse_attention`` turns into a QK_NORM. An
+    ungrouped norm may take an input role ``residual`` added to its result (``fuse_epilogues``)."""
+
+    eps: float
+    group: int = 0
+
+
+@dataclass(frozen=True)
+class QkNormAttrs:
+    """RMSNorm of each q head by ``q_norm`` and each k head by ``k_norm`` in a fused qkv tensor."""
+
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
     eps: float
 
 
@@ -117,12 +136,14 @@ class EmbeddingAttrs:
 
     weight_format: WeightFormat = WeightFormat.F32
     group_size: int = 0  # 0: one scale per row
+    scale: float = 1.0   # rows are multiplied by it (Gemma 3: sqrt(hidden))
 
 
 @dataclass(frozen=True)
 class LinearAttrs:
     """``weight_format`` and ``group_size`` describe the stored weight; ``norm_eps`` is set when an
-    RMSNorm is fused in front (input role ``norm``); ``residual`` is an optional input role, and so
+    RMSNorm is fused in front (input role ``norm``); ``bias`` (``[N]``, or ``[2N]`` with a gated
+    activation) and ``residual`` are optional input roles, and so
     are a q4 weight's sparse f16 correction (``residual_rowptr``/``_cols``/``_vals``, from
     ``passes/quantize.py``) and ``addend`` (f32 ``[T, NW]`` added to the products, from
     ``passes/sparse_residual.py``)."""
@@ -215,10 +236,11 @@ class AttentionAttrs:
     scale: float
     mode: AttnMode = AttnMode.CAUSAL
     fused_rope: bool = False
+    window: int = 0    # keys a query sees, itself included (a local layer); 0: every earlier position
 
 
-Attrs = Union[NoAttrs, RmsNormAttrs, EmbeddingAttrs, LinearAttrs, SparseResidualAttrs, MlpDecodeAttrs, RopeAttrs,
-              AttentionAttrs, MoeAttrs, MoeRouteAttrs, MoeGatherAttrs, MoeLinearAttrs]
+Attrs = Union[NoAttrs, RmsNormAttrs, QkNormAttrs, EmbeddingAttrs, LinearAttrs, SparseResidualAttrs, MlpDecodeAttrs,
+              RopeAttrs, AttentionAttrs, MoeAttrs, MoeRouteAttrs, MoeGatherAttrs, MoeLinearAttrs]
 
 
 @dataclass(frozen=True)

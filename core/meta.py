@@ -2,7 +2,9 @@
 
 A pass that decides something about the whole module records it here instead of in an untyped
 dict: ``static_shapes`` the ``Shapes``, ``rope_table`` the ``RopeTable``, ``quantize`` the
-``QuantInfo``, ``memory_plan`` the ``MemoryPlan``; the pipeline appends to ``passes``. The records
+``QuantInfo``, ``memory_plan`` the ``MemoryPlan``; the pipeline appends to ``passes``. A graph
+frontend records what its source had already decided: ``carried``, the int4 grids of weights the
+source stored quantized (``CarriedInt4``), which the quantize pass keeps. The records
 the runner needs (shapes, RoPE, quantization) are written into ``manifest.json`` as they are
 (``to_json``/``from_json``), so the compiler and the runner read one definition.
 """
@@ -41,8 +43,11 @@ class Shapes:
 
 @dataclass(frozen=True)
 class RopeTable:
-    """The RoPE lookup table the artifact stores (``passes/rope_table.py``)."""
+    """One RoPE lookup table the artifact stores (``passes/rope_table.py``): a model has one per RoPE
+    (``core/rope.py``'s ``ropes``)."""
 
+    name: str              # the table's parameter ("rope_table")
+    inv_freq: str          # the frequencies' parameter ("rope_inv_freq"), for positions past the table
     config: RopeConfig
     table_length: int      # positions covered; later ones are computed on the fly
     mscale: float          # attention scaling folded into the table
@@ -64,6 +69,7 @@ class QuantInfo:
     recipe: Mapping[str, Any]
     calibration: Mapping[str, Any] | None = None
     quality: Mapping[str, Any] | None = None
+    carried: Mapping[str, Any] | None = None   # int4 weights kept on the source's own grid (CarriedInt4)
 
     @property
     def name(self) -> str:
@@ -74,17 +80,17 @@ class QuantInfo:
         return self.recipe["weight_format"]
 
     def to_json(self) -> dict[str, Any]:
-        """The recipe's fields, plus ``calibration`` and ``quality`` where present."""
+        """The recipe's fields, plus ``calibration``, ``quality`` and ``carried`` where present."""
         d = dict(self.recipe)
-        for key in ("calibration", "quality"):
+        for key in ("calibration", "quality", "carried"):
             if getattr(self, key) is not None:
                 d[key] = dict(getattr(self, key))
         return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "QuantInfo":
-        recipe = {k: v for k, v in d.items() if k not in ("calibration", "quality")}
-        return cls(recipe, d.get("calibration"), d.get("quality"))
+        recipe = {k: v for k, v in d.items() if k not in ("calibration", "quality", "carried")}
+        return cls(recipe, d.get("calibration"), d.get("quality"), d.get("carried"))
 
 
 @dataclass(frozen=True)
@@ -110,15 +116,33 @@ class MemoryPlan:
 
 
 @dataclass(frozen=True)
+class CarriedInt4:
+    """The int4 grid a source model already quantized one weight ``[N, K]`` on (an ONNX
+    ``MatMulNBits``): f32 ``scales [N, G]`` and ``zeros [N, G]`` (None: symmetric, code 8) per
+    ``group_size`` inputs, ``G = ceil(K / group_size)``. The weight's f32 values lie on it exactly."""
+
+    scales: Any                # np.ndarray f32 [N, G]
+    zeros: Any | None          # np.ndarray f32 [N, G] or None
+    group_size: int
+    source: str                # what the source called it, for the manifest ("MatMulNBits")
+
+
+@dataclass(frozen=True)
 class ModuleMeta:
     """Everything the passes decided about a module; ``None`` until the pass that decides it ran."""
 
     shapes: Shapes | None = None
-    rope: RopeTable | None = None
+    rope: tuple[RopeTable, ...] = ()
     quant: QuantInfo | None = None
     memory: MemoryPlan | None = None
     passes: tuple[str, ...] = field(default=())
+    carried: Mapping[str, CarriedInt4] = field(default_factory=dict)  # canonical weight name -> grid
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "passes", tuple(self.passes))
+        object.__setattr__(self, "rope", tuple(self.rope))
+
+    def rope_table(self, name: str) -> RopeTable:
+        """The record of the RoPE table parameter ``name``."""
+        return next(r for r in self.rope if r.name == name)
 

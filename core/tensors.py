@@ -26,17 +26,23 @@ class Tensor(enum.Enum):
     OUTPUT_NORM = "output_norm"
     OUTPUT = "output"
     ROPE_FREQS = "rope_freqs"          # llama3 rope scaling as GGUF stores it (per frequency)
+    ROPE_FACTORS_LONG = "rope_factors_long"    # longrope's divisors as Phi-3 GGUFs store them
+    ROPE_FACTORS_SHORT = "rope_factors_short"
     ATTN_NORM = "attn_norm"
     ATTN_Q = "attn_q"
     ATTN_K = "attn_k"
     ATTN_V = "attn_v"
     ATTN_QKV = "attn_qkv"              # q, k, v rows in one weight (passes/fuse_attention.py; Phi-3 files)
+    ATTN_Q_NORM = "attn_q_norm"        # RMSNorm weight [head_dim] of every q head (Qwen3, Gemma 3)
+    ATTN_K_NORM = "attn_k_norm"
     ATTN_OUTPUT = "attn_output"
+    ATTN_POST_NORM = "post_attention_norm"  # RMSNorm of the attention output before the residual add (Gemma 3)
     FFN_NORM = "ffn_norm"
     FFN_GATE = "ffn_gate"
     FFN_UP = "ffn_up"
     FFN_GATE_UP = "ffn_gate_up"        # gate rows, then up rows (passes/fuse_mlp.py)
     FFN_DOWN = "ffn_down"
+    FFN_POST_NORM = "post_ffw_norm"    # RMSNorm of the MLP output before the residual add (Gemma 3)
     # A mixture-of-experts FFN (compiler/models/moe.py): the router and the experts stacked on a
     # leading expert dimension, as GGUF stores them ([E, out, in]).
     FFN_GATE_INP = "ffn_gate_inp"      # router [E, H]
@@ -53,8 +59,14 @@ class Tensor(enum.Enum):
     def per_layer(self) -> bool:
         return self not in _GLOBAL
 
+    @property
+    def is_norm(self) -> bool:
+        """An RMSNorm weight (every kind whose GGUF name ends in ``norm``)."""
+        return self.value.endswith("norm")
 
-_GLOBAL = frozenset({Tensor.TOKEN_EMBD, Tensor.OUTPUT_NORM, Tensor.OUTPUT, Tensor.ROPE_FREQS})
+
+_GLOBAL = frozenset({Tensor.TOKEN_EMBD, Tensor.OUTPUT_NORM, Tensor.OUTPUT, Tensor.ROPE_FREQS,
+                     Tensor.ROPE_FACTORS_LONG, Tensor.ROPE_FACTORS_SHORT})
 
 # The Hugging Face names of the Llama layout ({i}: the layer); kinds absent here have none.
 LLAMA_HF: Mapping[Tensor, str] = {
@@ -65,6 +77,8 @@ LLAMA_HF: Mapping[Tensor, str] = {
     Tensor.ATTN_Q: "model.layers.{i}.self_attn.q_proj",
     Tensor.ATTN_K: "model.layers.{i}.self_attn.k_proj",
     Tensor.ATTN_V: "model.layers.{i}.self_attn.v_proj",
+    Tensor.ATTN_Q_NORM: "model.layers.{i}.self_attn.q_norm",
+    Tensor.ATTN_K_NORM: "model.layers.{i}.self_attn.k_norm",
     Tensor.ATTN_OUTPUT: "model.layers.{i}.self_attn.o_proj",
     Tensor.FFN_NORM: "model.layers.{i}.post_attention_layernorm",
     Tensor.FFN_GATE: "model.layers.{i}.mlp.gate_proj",
@@ -120,3 +134,20 @@ def expert_key(weight: str, expert: int) -> str:
     """The name that keys the calibration statistics of expert ``expert``'s slice of the stacked
     ``weight`` (``blk.3.ffn_gate_up_exps.weight[5]``): each expert sees its own tokens."""
     return f"{weight}[{expert}]"
+
+
+# What a fused weight holds, rows in order (passes/fuse_attention.py, passes/fuse_mlp.py).
+FUSED_PARTS: Mapping[Tensor, tuple[Tensor, ...]] = {
+    Tensor.ATTN_QKV: (Tensor.ATTN_Q, Tensor.ATTN_K, Tensor.ATTN_V),
+    Tensor.FFN_GATE_UP: (Tensor.FFN_GATE, Tensor.FFN_UP),
+}
+
+
+def parts(weight: str) -> tuple[str, ...]:
+    """The canonical names of the weights whose rows ``weight`` holds, in order: ``blk.3.attn_qkv.weight``
+    -> q, k, v of layer 3; any weight that is not a fusion -> itself."""
+    parsed = parse(weight)
+    if parsed is None or parsed[0] not in FUSED_PARTS:
+        return (weight,)
+    kind, layer, suffix = parsed
+    return tuple(name(p, layer, suffix) for p in FUSED_PARTS[kind])

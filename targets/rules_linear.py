@@ -17,7 +17,8 @@ gemv2 family, the first):
 ``wf`` is ``f16``, ``q4`` (one scale per row: ``group_size == 0`` or ``>= K``) or ``q4g``
 (groups along K), or ``q8`` (int8 codes, ``artifacts/int8.py``: gemv2 per row only, ref any group
 size; the gemv and gemm families do not read int8, so a q8 call past gemv2 falls back to ref);
-``act`` is ``none`` or ``silu`` (``silu_mul``); ``out`` is ``f16`` or ``f32``.
+``act`` is ``none``, ``silu`` (``silu_mul``) or ``gelu`` (``gelu_tanh_mul``); ``out`` is ``f16`` or ``f32``.
+A null ``bias`` is handled at run time too.
 Null ``zeros``, ``norm`` and ``residual`` are handled at run time by every kernel.
 f32 inputs (kernel_abi's ``x_dtype`` / ``residual_dtype``; the batch-1 decode graph's layer outputs,
 ``passes/fuse_decode_mlp.py``) are read by gemv2, rows and ref, whose symbols then end in ``_<io>``:
@@ -52,8 +53,8 @@ _WF_CPP = {"f16": "F16", "q4": "Q4", "q4g": "Q4G", "q8": "Q8"}
 GEMV2_FORMATS = ("f16", "q4", "q4g", "q8")
 GEMV_FORMATS = GEMM_FORMATS = ("f16", "q4", "q4g")
 REF_FORMATS = ("f16", "q4", "q8")   # any group size: the kernel reads the group from group_size
-_ACT_CPP = {"none": "NONE", "silu": "SILU_MUL"}
-_ACT_ATTR = {"none": "none", "silu_mul": "silu"}
+_ACT_CPP = {"none": "NONE", "silu": "SILU_MUL", "gelu": "GELU_MUL"}
+ACT_SYMBOL = {"none": "none", "silu_mul": "silu", "gelu_tanh_mul": "gelu"}
 _IO_BITS = {"": 0, "x32": 1, "r32": 2, "x32r32": 3}  # linear_common.cuh's InDtypes
 _IO_RE = r"(?:_(?P<io>x32r32|x32|r32))?"
 
@@ -104,7 +105,7 @@ class Gemv:
         return self.step_k * self.ks * self.u
 
     def blocks(self, n: int) -> int:
-        cols = 8 * self.rg // (2 if self.act == "silu" else 1)
+        cols = 8 * self.rg // (2 if self.act != "none" else 1)
         return -(-n // cols)
 
     def smem(self, m: int, k: int) -> int:
@@ -155,7 +156,7 @@ class Gemv2:
     def cols(self) -> int:
         """Outputs per block."""
         br = 16 * self.r * self.wn
-        return br // 2 if self.act == "silu" else br
+        return br // 2 if self.act != "none" else br
 
     def blocks(self, n: int) -> int:
         return -(-n // self.cols)
@@ -209,7 +210,7 @@ class Gemm:
         return self.stages * (self.bm * GEMM_BK * 2 + self.bn * b_row + GEMM_BK * 2) + self.bm * 4
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
-        cols = self.bn // (2 if self.act == "silu" else 1)
+        cols = self.bn // (2 if self.act != "none" else 1)
         return (-(-n // cols), -(-m // self.bm), 1)
 
     def source(self) -> str:
@@ -269,7 +270,7 @@ class Rows:
                 f"{self.tr}, {_IO_BITS[self.io]}>(GROKC_LINEAR_ARGS); }}\n")
 
 
-_COMMON = r"(?P<wf>f16|q4g|q4|q8)_(?P<act>none|silu)_(?P<out>f16|f32)"
+_COMMON = r"(?P<wf>f16|q4g|q4|q8)_(?P<act>none|silu|gelu)_(?P<out>f16|f32)"
 _GEMV_RE = re.compile(rf"linear_gemv_{_COMMON}_m(?P<mt>\d+)k(?P<ks>\d+)r(?P<rg>\d+)u(?P<u>\d+)b(?P<b>\d+)")
 _GEMV2_RE = re.compile(
     rf"linear_gemv2_{_COMMON}_r(?P<r>\d+)k(?P<ks>\d+)w(?P<wn>\d+)d(?P<d>\d+)p(?P<pf>\d+)n(?P<nl>\d+)b(?P<b>\d+)(?:t(?P<tr>\d))?{_IO_RE}")
@@ -319,7 +320,7 @@ class _Linear:
     """A linear call's attributes and dims, checked; None from ``_linear`` when they are invalid."""
 
     fmt: str     # "f16" | "q4" | "q8"
-    act: str     # "none" | "silu"
+    act: str     # "none" | "silu" | "gelu"
     out: str     # "f16" | "f32"
     m: int
     n: int
@@ -329,7 +330,7 @@ class _Linear:
 
     @property
     def nw(self) -> int:
-        return 2 * self.n if self.act == "silu" else self.n
+        return 2 * self.n if self.act != "none" else self.n
 
     @property
     def per_channel(self) -> bool:
@@ -361,7 +362,7 @@ class _Linear:
 def _linear(call: KernelCall) -> _Linear | None:
     a, d = call.attrs, call.dims
     try:
-        fmt, act, out = a["weight_format"], _ACT_ATTR[a["act"]], a["out_dtype"]
+        fmt, act, out = a["weight_format"], ACT_SYMBOL[a["act"]], a["out_dtype"]
         m, n, k, gs = int(d["M"]), int(d["N"]), int(d["K"]), int(d["group_size"])
     except KeyError:
         return None
@@ -405,7 +406,7 @@ def gemv2_variant(lin: _Linear, target: Target) -> Gemv2:
       own wait, so they should start while o waits for attention (docs/performance.md, run 91: 496.9
       against 503.4 us a step with o after its wait).
     """
-    groups = -(-lin.n // 8) if lin.act == "silu" else -(-lin.nw // 16)
+    groups = -(-lin.n // 8) if lin.act != "none" else -(-lin.nw // 16)
     nsteps = -(-lin.k // gemv2_step_k(lin.wf))
     r = 2 if groups >= target.num_sms else 1
     rows = -(-groups // r)  # warps along N

@@ -1,5 +1,5 @@
-"""Kernel rules for ``sample``, ``embedding`` and ``take_last`` (kernels in ``kernels/sample.cuh``,
-``kernels/misc.cuh``).
+"""Kernel rules for ``sample``, ``embedding``, ``take_last``, ``rms_norm`` and ``qk_norm`` (kernels in
+``kernels/sample.cuh``, ``kernels/misc.cuh``).
 
 Same module protocol as ``rules_attention``: ``RULES`` (op -> ordered rules, fallback last),
 ``HEADERS`` and ``kernel_source(symbol)``.
@@ -12,6 +12,7 @@ Same module protocol as ``rules_attention``: ``RULES`` (op -> ordered rules, fal
   Quantized tables (``attrs["weight_format"]``): q4 reads 16 bytes (32 codes) per thread step when
   ``hidden % 32 == 0``, else one 32-bit word (the layout needs ``hidden % 8 == 0``; no fallback
   below that); q8 reads 8 codes per step when ``hidden % 8 == 0``, else one.
+- rms_norm: one block of 256 threads per row; qk_norm: one warp per (row, head). Any width.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ _PTR_TYPES = {
     "embedding": {"out": "half*", "tokens": "const int*", "table": "const void*", "scales": "const half*",
                   "zeros": "const half*"},
     "take_last": {"out": "half*", "x": "const half*", "n_real": "const int*"},
+    "rms_norm": {"out": "half*", "x": "const half*", "weight": "const half*", "residual": "const half*"},
+    "qk_norm": {"out": "half*", "qkv": "const half*", "q_norm": "const half*", "k_norm": "const half*"},
     "sample": {
         "logits": "const float*", "slot": "const int*", "n_real": "const int*", "temperature": "const float*",
         "top_k": "const int*", "top_p": "const float*", "seed": "const int*", "tokens": "int*",
@@ -96,8 +99,19 @@ def take_last_v1(call: KernelCall, target: Target) -> KernelChoice | None:
     return KernelChoice("take_last_v1", (1, 1, 1), _copy_block(int(call.dims["hidden"])), 0, "take_last_v1")
 
 
+def rms_norm_rows(call: KernelCall, target: Target) -> KernelChoice | None:
+    return KernelChoice("rms_norm_rows", (int(call.dims["M"]), 1, 1), (256, 1, 1), 0, "rms_norm_rows")
+
+
+def qk_norm_heads(call: KernelCall, target: Target) -> KernelChoice | None:
+    heads = int(call.dims["n_heads"]) + 2 * int(call.dims["n_kv_heads"])
+    return KernelChoice("qk_norm_heads", (heads, int(call.dims["M"]), 1), (32, 1, 1), 0, "qk_norm_heads")
+
+
 RULES: dict[str, list[KernelRule]] = {
     "sample": [sample_cluster, sample_block],
+    "rms_norm": [rms_norm_rows],
+    "qk_norm": [qk_norm_heads],
     "embedding": [embedding_v8, embedding_v1, embedding_q8_v8, embedding_q8_v1, embedding_q4_w4, embedding_q4_w1],
     "take_last": [take_last_v8, take_last_v1],
 }
@@ -113,6 +127,8 @@ _SOURCES = {
     "embedding_q4_w1": ("embedding", "grokc_misc::embedding_q4_rows<1>", 256),
     "take_last_v8": ("take_last", "grokc_misc::take_last_row<8>", 256),
     "take_last_v1": ("take_last", "grokc_misc::take_last_row<1>", 256),
+    "rms_norm_rows": ("rms_norm", "grokc_misc::rms_norm_rows", 256),
+    "qk_norm_heads": ("qk_norm", "grokc_misc::qk_norm_heads", 32),
 }
 
 

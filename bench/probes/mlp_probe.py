@@ -102,7 +102,7 @@ def main() -> None:
     def linear(name: str, lw: dict, x: int, out: int, res: int | None, choice: str | None = None):
         return launch(sel[choice or name], "linear", {
             "out": out, "x": x, "weight": lw[name], "scales": lw[name + ".s"], "zeros": None,
-            "norm": lw[name + ".n"], "residual": res, "addend": None, **shapes[name].dims})
+            "norm": lw[name + ".n"], "residual": res, "addend": None, "bias": None, **shapes[name].dims})
 
     def mlp_decode(lw: dict, layer: int):
         return launch(mchoice, "mlp_decode", {

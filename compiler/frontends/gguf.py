@@ -5,17 +5,20 @@ What it does, in order:
 1. reads the header with the ``gguf`` package; any failure of that reader on a damaged file becomes
    one ``UnsupportedModel`` line (the reader raises ``ValueError``, ``IndexError``, ... on bad bytes);
 2. finds the architecture of ``general.architecture`` (``compiler/models``) and refuses tensors
-   it does not have (biases, experts, ...);
+   it does not have (biases, experts, ...); the tensors that carry config (``config_tensors``:
+   rope factor tables) are read by the architecture's ``gguf_config`` hook;
 3. builds ``ModelConfig`` from the ``<arch>.*`` keys: head_dim is ``attention.key_length`` or
    ``embedding_length / head_count``; rope scaling from ``rope.scaling.*`` (linear, yarn), or --
    for Llama 3.x files, where llama.cpp stores the llama3 scaling only as the per-frequency
    ``rope_freqs.weight`` table -- by recovering the llama3 parameters from that table and checking
    they reproduce it; ``tie_word_embeddings`` is "no ``output.weight`` tensor"; eos ids are
    ``eos_token_id`` followed by ``eot_token_id`` / ``eom_token_id`` where present;
-4. rebuilds ``tokenizer.json`` from the tokenizer metadata (``gguf_tokenizer``);
+4. rebuilds ``tokenizer.json`` from the tokenizer metadata (``gguf_tokenizer``; SentencePiece
+   vocabularies the way the architecture's are read);
 5. dequantizes every tensor to float32 (``gguf.quants.dequantize``), keeps its name (GGUF names
-   are grokc's canonical ones), and undoes llama.cpp's q/k row permutation where the
-   architecture's converter applies one (see ``unpermute_qk``);
+   are grokc's canonical ones), splits the fused ones (``Architecture.splits``: Phi-3's
+   ``attn_qkv``, its ``ffn_up`` holding gate and up) into their parts, and undoes llama.cpp's q/k
+   row permutation where the architecture's converter applies one (see ``unpermute_qk``);
 6. ``source_sha256`` is the SHA-256 of the file's bytes.
 """
 
@@ -60,14 +63,19 @@ def load_gguf(path: Path, progress: Callable[[str], None] | None = None) -> Load
     arch = models.for_gguf(gguf_arch, f"GGUF '{path.name}'", moe=bool(metadata.get(f"{gguf_arch}.expert_count")))
     config = _config_from_metadata(arch, metadata, tensors, path)
     shapes = arch.weight_shapes(config)
-    _check_tensor_names(arch, tensors, shapes, path)
-    missing = [n for n in shapes if n not in tensors]
+    fused = arch.split_sources(config, hf=False)
+    in_parts = {p for parts in fused.values() for p in parts}
+    stored = {n: s for n, s in shapes.items() if n not in in_parts}   # file name -> shape
+    for n, parts in fused.items():
+        stored[n] = (sum(shapes[p][0] for p in parts), *shapes[parts[0]][1:])
+    _check_tensor_names(arch, tensors, stored, path)
+    missing = [n for n in stored if n not in tensors]
     if missing:
         raise UnsupportedModel(
             f"GGUF '{path.name}' lacks tensor {missing[0]!r} ({len(missing)} missing in all) that a "
             f"{config.num_layers}-layer {arch.name} model needs; the file is incomplete, re-export it"
         )
-    for name, shape in shapes.items():
+    for name, shape in stored.items():
         got = tuple(int(n) for n in reversed(tensors[name].shape))
         if got != shape:
             raise UnsupportedModel(
@@ -77,17 +85,19 @@ def load_gguf(path: Path, progress: Callable[[str], None] | None = None) -> Load
 
     # Before the slow part, so a file with an unsupported tokenizer is refused at once.
     say("rebuilding the tokenizer from GGUF metadata")
-    tokenizer_json = build_tokenizer_json(metadata)
+    tokenizer_json = build_tokenizer_json(metadata, arch.gguf_sentencepiece)
 
-    say(f"dequantizing {len(shapes)} tensors to float32")
+    say(f"dequantizing {len(stored)} tensors to float32")
     heads = {Tensor.ATTN_Q: config.num_heads, Tensor.ATTN_K: config.num_kv_heads} if arch.gguf_permutes_qk else {}
-    weights: dict[str, np.ndarray] = {}
-    for name in shapes:
+    found: dict[str, np.ndarray] = {}
+    for name in stored:
         w = _dequantize(tensors[name], path)
+        if name in fused:
+            found.update(arch.split_rows(w, fused[name], config))
+            continue
         kind = parse(name)[0]
-        if kind in heads:
-            w = unpermute_qk(w, heads[kind])
-        weights[name] = frozen_fp32(w)
+        found[name] = unpermute_qk(w, heads[kind]) if kind in heads else w
+    weights = {name: frozen_fp32(found[name]) for name in shapes}
     say(f"hashing {path.name}")
     return LoadedModel(
         config=config,
@@ -165,8 +175,9 @@ def _field_value(field: Any, path: Path) -> Any:
 
 def _check_tensor_names(arch: Architecture, tensors: dict[str, Any], expected: dict[str, tuple], path: Path) -> None:
     """Refuse tensors the architecture does not have, naming the feature where one is recognisable."""
+    config_tensors = {tensor_name(kind) for kind in arch.config_tensors}
     for name in tensors:
-        if name in expected or name == ROPE_FREQS:
+        if name in expected or name in config_tensors:
             continue
         if name.endswith(".bias"):
             feature = "biases"
@@ -219,8 +230,13 @@ def _config_from_metadata(arch: Architecture, metadata: dict[str, Any], tensors:
         vocab_size = int(tensors["token_embd.weight"].shape[-1]) if "token_embd.weight" in tensors else 0
     bos = metadata.get("tokenizer.ggml.bos_token_id")
     eos_ids = [metadata.get(f"tokenizer.ggml.{k}") for k in ("eos_token_id", "eot_token_id", "eom_token_id")]
+
+    def tensor(kind: Tensor) -> np.ndarray | None:
+        found = tensors.get(tensor_name(kind))
+        return None if found is None else _dequantize(found, path).astype(np.float32)
+
     try:
-        return ModelConfig(
+        fields = dict(
             vocab_size=int(vocab_size),
             hidden_size=int(hidden),
             intermediate_size=int(key("feed_forward_length")),
@@ -235,8 +251,8 @@ def _config_from_metadata(arch: Architecture, metadata: dict[str, Any], tensors:
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos_ids if e is not None)),
             architecture=arch.name,
-            **arch.gguf_config(key, f"GGUF '{path.name}'"),
         )
+        return ModelConfig(**{**fields, **arch.gguf_config(key, tensor, f"GGUF '{path.name}'")})
     except ValueError as exc:  # ModelConfig's own consistency checks
         raise UnsupportedModel(f"GGUF '{path.name}' describes an inconsistent {arch.name} model: {exc}") from exc
 

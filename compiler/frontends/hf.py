@@ -2,15 +2,17 @@
 
 Accepted: a ``model_type`` that one of ``compiler/models``' architectures reads, whose
 ``architectures`` classes it accepts; the keys every Llama-like config has are read here, the
-family's own by its ``hf_config`` hook, which refuses what its graph lacks. Refused with one
-``UnsupportedModel`` line: other architectures, partial rotary embeddings, rope scaling other
-than default/linear/llama3/yarn, missing or unexpected tensors, a folder without safetensors or
-tokenizer.json.
+family's own by its ``hf_config`` hook (whose fields take precedence), which refuses what its graph
+lacks. Refused with one ``UnsupportedModel`` line: other architectures, partial rotary embeddings,
+rope scaling other than default/linear/llama3/yarn/longrope, missing or unexpected tensors, a
+folder without safetensors or tokenizer.json.
 
 Weights: every tensor of the safetensors files (those listed in ``model.safetensors.index.json``
 when it exists, else every ``*.safetensors`` in the folder), converted to float32 numpy and
-renamed to the canonical names through the architecture's Hugging Face name table. A tied
-``lm_head.weight`` found in the files is dropped, as the GGUF frontend never has one.
+renamed to the canonical names through the architecture's Hugging Face name table; a fused tensor
+(``Architecture.splits``) is split into its parts' rows, and norm weights get the architecture's
+``hf_norm_shift`` added (Gemma's ``1 + w``, as GGUF stores them). A tied ``lm_head.weight`` found
+in the files is dropped, as the GGUF frontend never has one.
 
 ``tokenizer_json`` is the text of ``tokenizer.json``; ``chat_template`` comes from
 ``chat_template.jinja`` if present, else from ``tokenizer_config.json``'s ``chat_template``.
@@ -33,10 +35,11 @@ from safetensors import safe_open
 
 from grokc.compiler import models
 from grokc.compiler.frontends import LoadedModel, check_weight_shapes, file_sha256
-from grokc.core.config import ModelConfig, RopeConfig, RopeType
+from grokc.compiler.models.hf_keys import rope_from_hf, rope_params
+from grokc.core.config import ModelConfig, RopeConfig
 from grokc.core.errors import UnsupportedModel
+from grokc.core.tensors import parse
 
-_ROPE_TYPES = {"default": RopeType.DEFAULT, "linear": RopeType.LINEAR, "llama3": RopeType.LLAMA3, "yarn": RopeType.YARN}
 # Non-persistent buffers some older checkpoints still carry.
 _ROTARY_BUFFER = re.compile(r"(model\.)?(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq")
 # Files whose bytes, besides the safetensors, decide what the loaded model is.
@@ -111,14 +114,13 @@ def config_from_hf(raw: dict[str, Any], folder: Path, generation: dict[str, Any]
         raise UnsupportedModel(
             f"{where} is a pre-quantized checkpoint (quant_method {quant!r}); load the unquantized fp16/bf16/fp32 model instead"
         )
-    extra = arch.hf_config(raw, where)
-    max_pos = int(raw.get("max_position_embeddings", 2048))
-    hidden = int(raw["hidden_size"])
-    heads = int(raw["num_attention_heads"])
     eos = _ids(raw.get("eos_token_id")) + _ids((generation or {}).get("eos_token_id"))
     bos = raw.get("bos_token_id")
     try:
-        return ModelConfig(
+        extra = arch.hf_config(raw, where)
+        hidden = int(raw["hidden_size"])
+        heads = int(raw["num_attention_heads"])
+        fields = dict(
             vocab_size=int(raw["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(raw["intermediate_size"]),
@@ -127,14 +129,14 @@ def config_from_hf(raw: dict[str, Any], folder: Path, generation: dict[str, Any]
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
             head_dim=int(raw.get("head_dim") or hidden // heads),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope=_rope_from_hf(raw, where),
-            max_position_embeddings=max_pos,
+            rope=extra["rope"] if "rope" in extra else _rope_from_hf(raw, where),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(dict.fromkeys(eos)),
             architecture=arch.name,
-            **extra,
         )
+        return ModelConfig(**{**fields, **extra})
     except KeyError as exc:
         raise UnsupportedModel(f"{where} lacks {exc.args[0]!r}, which every {arch.name} config has; re-export the model") from exc
     except ValueError as exc:  # ModelConfig's own consistency checks
@@ -142,34 +144,16 @@ def config_from_hf(raw: dict[str, Any], folder: Path, generation: dict[str, Any]
 
 
 def _rope_from_hf(raw: dict[str, Any], where: str) -> RopeConfig:
-    # transformers >= 5 writes `rope_parameters` (theta included); older ones `rope_theta` + `rope_scaling`.
-    params = {**(raw.get("rope_scaling") or {}), **(raw.get("rope_parameters") or {})}
+    params = rope_params(raw)
     if any(isinstance(v, dict) for v in params.values()):
         raise UnsupportedModel(f"{where} has per-layer-type rope parameters {sorted(params)}; only one rope for all layers is supported")
-    partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        raise UnsupportedModel(f"{where} sets partial_rotary_factor {partial}; only full-width rotary embeddings are supported")
-    name = params.get("rope_type", params.get("type", "default"))
-    if name not in _ROPE_TYPES:
-        raise UnsupportedModel(f"{where} uses rope_type {name!r}; supported: {', '.join(_ROPE_TYPES)}")
-    fields = {"theta": float(params.get("rope_theta", raw.get("rope_theta", 10000.0))), "type": _ROPE_TYPES[name]}
-    for key, cast in (
-        ("factor", float),
-        ("low_freq_factor", float),
-        ("high_freq_factor", float),
-        ("original_max_position_embeddings", int),
-        ("beta_fast", float),
-        ("beta_slow", float),
-        ("attention_factor", float),
-    ):
-        if params.get(key) is not None:
-            fields[key] = cast(params[key])
-    return RopeConfig(**fields)
+    return rope_from_hf(params, raw, where)
 
 
 def _read_weights(folder: Path, files: list[str], config: ModelConfig) -> dict[str, np.ndarray]:
     arch = models.get(config.architecture)
     canonical = arch.hf_to_canonical(config)
+    fused = arch.split_sources(config, hf=True)
     stacked = arch.hf_stacked(config)                      # canonical -> one HF tensor per expert
     slice_of = {hf: c for c, names in stacked.items() for hf in names}
     slices: dict[str, np.ndarray] = {}
@@ -182,7 +166,13 @@ def _read_weights(folder: Path, files: list[str], config: ModelConfig) -> dict[s
         with handle as f:
             for name in f.keys():
                 if name in canonical:
-                    found[canonical[name]] = _to_fp32(f.get_tensor(name))
+                    found[canonical[name]] = _to_fp32(f.get_tensor(name), arch.hf_norm_shift, canonical[name])
+                elif name in fused:
+                    parts = arch.split_rows(_to_fp32(f.get_tensor(name)), fused[name], config)
+                    if parts is None:
+                        raise UnsupportedModel(f"'{folder / file}' tensor {name!r} has shape {list(f.get_slice(name).get_shape())}, "
+                                               f"not the rows of {', '.join(fused[name])} stacked; re-export the model")
+                    found.update(parts)
                 elif name in slice_of:
                     slices[name] = _to_fp32(f.get_tensor(name))
                 elif (name == "lm_head.weight" and config.tie_word_embeddings) or _ROTARY_BUFFER.fullmatch(name):
@@ -194,7 +184,8 @@ def _read_weights(folder: Path, files: list[str], config: ModelConfig) -> dict[s
                         "the checkpoint is not of the family its config.json names"
                     )
     expected = arch.weight_shapes(config)
-    missing = [hf for hf, c in canonical.items() if c not in found] + [hf for hf in slice_of if hf not in slices]
+    missing = ([hf for hf, c in canonical.items() if c not in found] + [hf for hf, c in fused.items() if c[0] not in found]
+               + [hf for hf in slice_of if hf not in slices])
     if missing:
         raise UnsupportedModel(
             f"folder '{folder}' lacks weight {missing[0]!r} ({len(missing)} missing in all) that a "
@@ -215,8 +206,12 @@ def _stack(experts: list[np.ndarray], first: str, folder: Path) -> np.ndarray:
     return out
 
 
-def _to_fp32(t: torch.Tensor) -> np.ndarray:
-    arr = t.to(torch.float32).contiguous().numpy()  # shares the tensor's memory, which it keeps alive
+def _to_fp32(t: torch.Tensor, norm_shift: float = 0.0, canonical: str = "") -> np.ndarray:
+    """``t`` as read-only float32; a norm weight (``canonical`` names its kind) plus ``norm_shift``."""
+    t = t.to(torch.float32)
+    if norm_shift and parse(canonical)[0].is_norm:
+        t = t + norm_shift
+    arr = t.contiguous().numpy()  # shares the tensor's memory, which it keeps alive
     arr.flags.writeable = False
     return arr
 

@@ -1,16 +1,17 @@
 """The architectures grokc compiles, one file per family, and how a model file finds its own.
 
 Each family module defines ``ARCH`` (``architecture.Architecture``) and its torch model. Adding a
-family is its file, its entry in ``_FAMILIES`` and its tests.
+family is its file, its entry in ``ARCHITECTURES`` and its tests.
 """
 
 from __future__ import annotations
 
-from grokc.compiler.models import llama, mixtral, qwen2_moe
+from grokc.compiler.models import gemma3, llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3
 from grokc.compiler.models.architecture import Architecture
 from grokc.core.errors import UnsupportedModel
 
-ARCHITECTURES: dict[str, Architecture] = {m.ARCH.name: m.ARCH for m in (llama, mixtral, qwen2_moe)}
+ARCHITECTURES: dict[str, Architecture] = {m.ARCH.name: m.ARCH for m in (llama, mistral, qwen2, qwen3, gemma3, phi3,
+                                                                         mixtral, qwen2_moe)}
 
 
 def supported() -> str:

@@ -24,10 +24,8 @@ from torch import nn
 from torch.library import custom_op
 from torch.nn import functional as F
 
-from grokc.compiler.models.architecture import TensorSpec
 from grokc.core.config import ModelConfig, MoeConfig
 from grokc.core.errors import UnsupportedModel
-from grokc.core.tensors import Tensor
 
 ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh")}
 
@@ -120,7 +118,6 @@ def _(x, router, gate_exps, up_exps, down_exps, shexp_gate, shexp_up, shexp_down
     return torch.empty_like(x)
 
 
-
 def read_config(read: Callable[[], MoeConfig], where: str, family: str) -> dict:
     """``{"moe": read()}`` for an architecture's config hook; a missing key (``KeyError``) or an
     inconsistent ``MoeConfig`` becomes one ``UnsupportedModel`` line naming ``where``."""
@@ -131,24 +128,3 @@ def read_config(read: Callable[[], MoeConfig], where: str, family: str) -> dict:
                                "re-export the model") from exc
     except ValueError as exc:
         raise UnsupportedModel(f"{where} describes an inconsistent mixture of experts: {exc}") from exc
-
-
-def _routed(c: ModelConfig) -> bool:
-    return c.moe is not None
-
-
-def _shared(c: ModelConfig) -> bool:
-    return c.moe is not None and c.moe.shared_size > 0
-
-
-# The MoE FFN's tensors (present when the config has ``moe``), for an architecture's ``tensors``.
-TENSORS = (
-    TensorSpec(Tensor.FFN_GATE_INP, lambda c: (c.moe.n_experts, c.hidden_size), present=_routed),
-    TensorSpec(Tensor.FFN_GATE_EXPS, lambda c: (c.moe.n_experts, c.moe.expert_size, c.hidden_size), present=_routed),
-    TensorSpec(Tensor.FFN_UP_EXPS, lambda c: (c.moe.n_experts, c.moe.expert_size, c.hidden_size), present=_routed),
-    TensorSpec(Tensor.FFN_DOWN_EXPS, lambda c: (c.moe.n_experts, c.hidden_size, c.moe.expert_size), present=_routed),
-    TensorSpec(Tensor.FFN_GATE_SHEXP, lambda c: (c.moe.shared_size, c.hidden_size), present=_shared),
-    TensorSpec(Tensor.FFN_UP_SHEXP, lambda c: (c.moe.shared_size, c.hidden_size), present=_shared),
-    TensorSpec(Tensor.FFN_DOWN_SHEXP, lambda c: (c.hidden_size, c.moe.shared_size), present=_shared),
-    TensorSpec(Tensor.FFN_GATE_INP_SHEXP, lambda c: (1, c.hidden_size), present=lambda c: _shared(c) and c.moe.shared_gate),
-)

@@ -1,14 +1,26 @@
 """The composite ops grokc's torch models are written in, registered with ``torch.library``.
 
 ``torch.export`` keeps each of them as one node (they are opaque to it), so the traced graph
-reads at the level the compiler lowers: an RMSNorm, a rotary embedding, a causal attention. The
-eager implementations are the reference semantics, in the working dtype of their inputs.
+reads at the level the compiler lowers: an embedding, an RMSNorm (of a row, or of each head), a
+rotary embedding, a causal attention. The eager implementations are the reference semantics, in
+the working dtype of their inputs.
 """
 
 from __future__ import annotations
 
 import torch
 from torch.library import custom_op
+
+
+@custom_op("grokc::embedding", mutates_args=())
+def embedding(tokens: torch.Tensor, table: torch.Tensor, scale: float) -> torch.Tensor:
+    """``table[tokens] * scale``, the product in fp32, in the table's dtype."""
+    return (table[tokens.long()].float() * scale).to(table.dtype)
+
+
+@embedding.register_fake
+def _(tokens, table, scale):
+    return table.new_empty((tokens.shape[0], table.shape[1]))
 
 
 @custom_op("grokc::rms_norm", mutates_args=())
@@ -24,12 +36,28 @@ def _(x, weight, eps):
     return torch.empty_like(x)
 
 
+@custom_op("grokc::head_rms_norm", mutates_args=())
+def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``rms_norm`` of each head of ``x [T, heads * D]`` on its own, ``weight [D]`` shared by the heads."""
+    t, d = x.shape[0], weight.shape[0]
+    return rms_norm(x.reshape(t, -1, d), weight, eps).reshape(x.shape)
+
+
+@head_rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
 @custom_op("grokc::rope", mutates_args=())
 def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, head_dim: int,
-         mscale: float) -> torch.Tensor:
-    """Rotary embedding (rotate-half convention) of ``x [T, heads*head_dim]`` at ``positions [T]``."""
+         mscale: float, short_inv_freq: torch.Tensor | None = None, short_until: int = 0) -> torch.Tensor:
+    """Rotary embedding (rotate-half convention) of ``x [T, heads*head_dim]`` at ``positions [T]``;
+    positions below ``short_until`` rotate by ``short_inv_freq`` when it is given (longrope)."""
     t = x.shape[0]
-    angles = positions.to(torch.float64)[:, None] * inv_freq.to(torch.float64)[None, :]  # [T, D/2]
+    pos = positions.to(torch.float64)[:, None]
+    angles = pos * inv_freq.to(torch.float64)[None, :]  # [T, D/2]
+    if short_inv_freq is not None:
+        angles = torch.where(pos < short_until, pos * short_inv_freq.to(torch.float64)[None, :], angles)
     cos = (torch.cos(angles) * mscale).to(torch.float32)[:, None, :]
     sin = (torch.sin(angles) * mscale).to(torch.float32)[:, None, :]
     xh = x.float().reshape(t, -1, head_dim)  # [T, heads, D]
@@ -39,23 +67,26 @@ def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, head_
 
 
 @rope.register_fake
-def _(x, positions, inv_freq, head_dim, mscale):
+def _(x, positions, inv_freq, head_dim, mscale, short_inv_freq=None, short_until=0):
     return torch.empty_like(x)
 
 
 @custom_op("grokc::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_heads: int, n_kv_heads: int,
-              head_dim: int, scale: float) -> torch.Tensor:
+              head_dim: int, scale: float, window: int = 0) -> torch.Tensor:
     """Causal grouped-query attention over the ``T`` given tokens: ``q [T, NH*D]``,
-    ``k, v [T, NKV*D]`` -> ``[T, NH*D]``."""
+    ``k, v [T, NKV*D]`` -> ``[T, NH*D]``; with ``window`` > 0, query ``i`` sees keys ``j`` with
+    ``i - window < j <= i`` only."""
     t = q.shape[0]
     qh = q.reshape(t, n_heads, head_dim).transpose(0, 1)  # [NH, T, D]
     kh = k.reshape(t, n_kv_heads, head_dim).transpose(0, 1).repeat_interleave(n_heads // n_kv_heads, 0)
     vh = v.reshape(t, n_kv_heads, head_dim).transpose(0, 1).repeat_interleave(n_heads // n_kv_heads, 0)
-    out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+    i = torch.arange(t, device=q.device)
+    visible = (i[None, :] <= i[:, None]) & ((i[None, :] > i[:, None] - window) if window > 0 else True)  # [T, T]
+    out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=visible, scale=scale)
     return out.transpose(0, 1).reshape(t, n_heads * head_dim)
 
 
 @attention.register_fake
-def _(q, k, v, n_heads, n_kv_heads, head_dim, scale):
+def _(q, k, v, n_heads, n_kv_heads, head_dim, scale, window=0):
     return torch.empty_like(q)

@@ -4,17 +4,17 @@ renormalisation unless ``norm_topk_prob``, and a shared expert every token uses
 (``shared_expert_intermediate_size``) scaled by ``sigmoid(x . shared_expert_gate)``.
 
 Hugging Face checkpoints hold one tensor per expert (``mlp.experts.<e>.gate_proj``), which the
-frontend stacks (``hf_stacked``). Not handled, refused by ``_hf_config``: attention biases
-(``qkv_bias``, on by default and in the published checkpoints; the Llama graph has none yet),
-dense layers between the sparse ones (``decoder_sparse_step`` > 1, ``mlp_only_layers``) and
-sliding-window attention. No GGUF form: llama.cpp's ``qwen2moe`` files always carry the
-attention biases.
+frontend stacks (``hf_stacked``). The attention is Qwen2's (``qwen2.py``): q/k/v biases when
+``qkv_bias`` (on by default and in the published checkpoints), its sliding-window rule. Not
+handled, refused by ``_hf_config``: dense layers between the sparse ones (``decoder_sparse_step`` > 1,
+``mlp_only_layers``). No GGUF form yet (llama.cpp's ``qwen2moe``).
 """
 
 from __future__ import annotations
 
-from grokc.compiler.models import llama, moe
+from grokc.compiler.models import moe
 from grokc.compiler.models.architecture import Architecture
+from grokc.compiler.models.qwen2 import check_silu, qwen_window
 from grokc.core.config import MoeConfig
 from grokc.core.errors import UnsupportedModel
 from grokc.core.tensors import LLAMA_HF, Tensor
@@ -34,20 +34,15 @@ HF_NAMES = {
 
 
 def _hf_config(raw: dict, where: str) -> dict:
-    if raw.get("qkv_bias", True):
-        raise UnsupportedModel(f"{where} has attention biases (qkv_bias, on unless set to false); the graph has no "
-                               "biases yet, so only Qwen2-MoE models with qkv_bias=false are supported")
     if int(raw.get("decoder_sparse_step", 1)) != 1 or raw.get("mlp_only_layers"):
         raise UnsupportedModel(f"{where} mixes dense and sparse layers (decoder_sparse_step "
                                f"{raw.get('decoder_sparse_step', 1)}, mlp_only_layers {raw.get('mlp_only_layers')}); "
                                "only models whose every layer is a mixture of experts are supported")
-    if raw.get("use_sliding_window"):
-        raise UnsupportedModel(f"{where} sets use_sliding_window=true; sliding-window attention is not supported")
-    llama.hf_config(raw, where)
-    return moe.read_config(lambda: MoeConfig(
+    check_silu(raw, where)
+    return {"qkv_bias": bool(raw.get("qkv_bias", True)), **qwen_window(raw, where), **moe.read_config(lambda: MoeConfig(
         int(raw["num_experts"]), int(raw["num_experts_per_tok"]), int(raw["moe_intermediate_size"]),
         norm_top_k=bool(raw.get("norm_topk_prob", False)), shared_size=int(raw["shared_expert_intermediate_size"]),
-        shared_gate=True), where, "Qwen2-MoE")
+        shared_gate=True), where, "Qwen2-MoE")}
 
 
 ARCH = Architecture(
@@ -55,8 +50,6 @@ ARCH = Architecture(
     hf_model_types=("qwen2_moe",),
     hf_classes=("Qwen2MoeForCausalLM",),
     gguf_arch=None,
-    tensors=llama.ARCH.tensors,
-    model=llama.Llama,
     hf_names=HF_NAMES,
     hf_config=_hf_config,
 )

@@ -19,6 +19,9 @@
 //
 // attention_decode_ref: fallback for any even head_dim and group size: grid (n_heads, B), block
 //   128, smem (max_blocks * 16 + head_dim) * 4 bytes.
+//
+// window > 0 (a local layer): the new token sees positions max(0, p - window + 1)..p only; both
+//   kernels read only the cache blocks that hold them.
 #pragma once
 
 #include "attention_common.cuh"
@@ -45,7 +48,7 @@ template <int D, int W, int ST, int CS, bool EARLY>
 __device__ __forceinline__ void attention_decode_mma(
     half* out, const half* qkv, const float* rope_table, const float* inv_freq, half* k_cache,
     half* v_cache, const int* block_table, const int* positions, const int* active, int B, int n_heads,
-    int n_kv_heads, int head_dim, int table_len, int max_blocks, float scale, float mscale) {
+    int n_kv_heads, int head_dim, int table_len, int max_blocks, int window, float scale, float mscale) {
   using C = DecodeMma<D, W, ST, CS>;
   constexpr int CH = C::kCH, HC = C::kHC, NO = D / 8, SU = C::kStageU4, T = C::kThreads;
   extern __shared__ uint4 smem_decode[];
@@ -73,8 +76,9 @@ __device__ __forceinline__ void attention_decode_mma(
   // earlier replays (only the last launch of a step, sampling, writes positions and active), so
   // this overlaps the launch before (the qkv GEMV) when the edge is programmatic.
   const int* bt = block_table + (size_t)b * max_blocks;
-  const int nkb = p / kKvBlock + 1, tw = CS * W, gw = rank * W + warp;
-  const int kb0 = (int)((long long)gw * nkb / tw), kb1 = (int)((long long)(gw + 1) * nkb / tw);
+  const int lo = window > 0 ? max(0, p - window + 1) : 0;  // first position the token sees
+  const int nkb = p / kKvBlock + 1, kbl = lo / kKvBlock, tw = CS * W, gw = rank * W + warp;
+  const int kb0 = kbl + (int)((long long)gw * (nkb - kbl) / tw), kb1 = kbl + (int)((long long)(gw + 1) * (nkb - kbl) / tw);
   uint4* ring = stages + warp * ST * SU;
   auto load = [&](int kbi, int s) {
     uint4* st = ring + s * SU;
@@ -184,7 +188,7 @@ __device__ __forceinline__ void attention_decode_mma(
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = kbi * kKvBlock + nt * 8 + 2 * tig + (e & 1);
-        sc[nt][e] = (last && key > p) ? -INFINITY : sc[nt][e] * sl2;
+        sc[nt][e] = ((last && key > p) || key < lo) ? -INFINITY : sc[nt][e] * sl2;
       }
     }
     online_softmax<2, NO>(sc, m, l, o);
@@ -278,7 +282,7 @@ __device__ __forceinline__ void attention_decode_mma(
 __device__ __forceinline__ void attention_decode_ref(
     half* out, const half* qkv, const float* rope_table, const float* inv_freq, half* k_cache,
     half* v_cache, const int* block_table, const int* positions, const int* active, int B, int n_heads,
-    int n_kv_heads, int head_dim, int table_len, int max_blocks, float scale, float mscale) {
+    int n_kv_heads, int head_dim, int table_len, int max_blocks, int window, float scale, float mscale) {
   extern __shared__ float smem_decode_ref[];
   const int D = head_dim, hd = D / 2;
   float* sq = smem_decode_ref;  // [D]
@@ -320,7 +324,8 @@ __device__ __forceinline__ void attention_decode_ref(
   auto val_at = [&](int s, int d) {
     return __half2float(s == p ? vn[d] : v_cache[cache_offset(bt, s, n_kv_heads, kvh, D) + d]);
   };
-  attend_ref(sq, sc, red, p + 1, D, scale, key_at, val_at, dst);
+  const int lo = window > 0 ? max(0, p - window + 1) : 0;
+  attend_ref(sq, sc, red, lo, p + 1 - lo, D, scale, key_at, val_at, dst);
 }
 
 }  // namespace grokc_attn

@@ -7,12 +7,15 @@
 //   tile by tile, the keys 0..min(last row, t_real - 1) itself, straight from qkv (never from the
 //   cache), so no block reads what another writes. The block of the first query head of each kv
 //   group also writes its own 64 rows' rotated k and v into the cache. Key tiles past t_real or
-//   above the diagonal are never loaded. K goes global -> registers -> rotate -> swizzled smem (the
+//   above the diagonal (or, with a window, wholly below every row's window) are never loaded. K goes
+//   global -> registers -> rotate -> swizzled smem (the
 //   next tile's loads are in flight during the current tile's math); V goes by cp.async, double
 //   buffered. P is rounded to f16 for the P.V product (the usual flash-attention error, ~1e-3).
 //
 // attention_prefill_ref: the simple fallback for any even head_dim: grid (L, n_heads), block 128,
 //   smem (L + head_dim) * 4 bytes: one block per (row, head), scores in shared memory, CUDA cores.
+//
+// window > 0 (a local layer): query t sees keys max(0, t - window + 1)..t only (abi/ops.py).
 #pragma once
 
 #include "attention_common.cuh"
@@ -36,7 +39,7 @@ template <int D, int BN>
 __device__ __forceinline__ void attention_prefill_mma(
     half* out, const half* qkv, const float* rope_table, const float* inv_freq, half* k_cache,
     half* v_cache, const int* block_table, const int* slot, const int* n_real, int L, int n_heads,
-    int n_kv_heads, int head_dim, int table_len, int max_blocks, float scale, float mscale) {
+    int n_kv_heads, int head_dim, int table_len, int max_blocks, int window, float scale, float mscale) {
   using C = PrefillMma<D, BN>;
   constexpr int BM = C::kBM, CH = C::kCH, HC = C::kHC, NT = BN / 8, NO = D / 8;
   extern __shared__ uint4 smem_prefill[];
@@ -104,6 +107,7 @@ __device__ __forceinline__ void attention_prefill_mma(
 
   const int n_keys = min(q0 + BM, t_real);
   const int n_tiles = (n_keys + BN - 1) / BN;
+  const int j0 = window > 0 ? max(0, q0 - window + 1) / BN : 0;  // first tile the block's rows may see
 
   // K tile prefetch (raw keys in registers; rotated when stored), V via cp.async.
   uint4 kx1[C::kKItems], kx2[C::kKItems];
@@ -129,7 +133,7 @@ __device__ __forceinline__ void attention_prefill_mma(
     cp_async_commit();
   };
 
-  prefetch(0);
+  prefetch(j0);
   __syncthreads();  // sQ complete
   uint32_t qf[D / 16][4];
 #pragma unroll
@@ -143,7 +147,7 @@ __device__ __forceinline__ void attention_prefill_mma(
   const int r0 = q0 + 16 * warp;  // this warp's first query row
   const float sl2 = scale * kLog2e;
 
-  for (int j = 0; j < n_tiles; ++j) {
+  for (int j = j0; j < n_tiles; ++j) {
     uint4* kt = sK + (j & 1) * BN * CH;
     const uint4* vt = sV + (j & 1) * BN * CH;
 #pragma unroll
@@ -163,6 +167,7 @@ __device__ __forceinline__ void attention_prefill_mma(
 
     const int k0 = j * BN;
     if (r0 >= t_real || k0 > r0 + 15) continue;  // padding warp, or tile above this warp's rows
+    if (window > 0 && k0 + BN - 1 < r0 - window + 1) continue;  // tile below every row's window
 
     float s[NT][4];
 #pragma unroll
@@ -177,13 +182,13 @@ __device__ __forceinline__ void attention_prefill_mma(
         mma16816(s[2 * np + 1], qf[ks], b[2], b[3]);
       }
     }
-    const bool need_mask = k0 + BN - 1 > r0 || k0 + BN > t_real;
+    const bool need_mask = k0 + BN - 1 > r0 || k0 + BN > t_real || (window > 0 && k0 < r0 + 15 - window + 1);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = k0 + nt * 8 + 2 * tig + (e & 1), row = r0 + g + 8 * (e >> 1);
-        const bool masked = need_mask && (key > row || key >= t_real);
+        const bool masked = need_mask && (key > row || key >= t_real || (window > 0 && key <= row - window));
         s[nt][e] = masked ? -INFINITY : s[nt][e] * sl2;
       }
     }
@@ -231,18 +236,18 @@ __device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) 
   return is_max ? warp_max(v) : warp_sum(v);
 }
 
-// Scores of query q (f32, rotated, already f16-rounded; [D] in smem) against n keys, written
-// (times scale) to sc[0..n); key s < n_cache comes from the cache row kc(s), the rest from qkv.
-// Then softmax and out = P.V into dst (f16). Shared by both fallbacks.
+// Scores of query q (f32, rotated, already f16-rounded; [D] in smem) against keys lo..lo+n-1
+// (key_at / val_at read them), written (times scale) to sc[0..n). Then softmax and out = P.V into
+// dst (f16). Shared by both fallbacks.
 template <class KeyAt, class ValAt>
-__device__ __forceinline__ void attend_ref(const float* sq, float* sc, float* red, int n, int D,
+__device__ __forceinline__ void attend_ref(const float* sq, float* sc, float* red, int lo, int n, int D,
                                            float scale, KeyAt key_at, ValAt val_at, half* dst) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int hd = D / 2;
   for (int s = warp; s < n; s += nw) {
     float dot = 0.f;
     for (int i = lane; i < hd; i += 32) {
-      const float2 kr = key_at(s, i);  // rotated (k[i], k[i + D/2]) as f16-rounded floats
+      const float2 kr = key_at(lo + s, i);  // rotated (k[i], k[i + D/2]) as f16-rounded floats
       dot += sq[i] * kr.x + sq[i + hd] * kr.y;
     }
     dot = warp_sum(dot);
@@ -262,7 +267,7 @@ __device__ __forceinline__ void attend_ref(const float* sq, float* sc, float* re
   const float inv = 1.f / sum;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.f;
-    for (int s = 0; s < n; ++s) acc += sc[s] * val_at(s, d);
+    for (int s = 0; s < n; ++s) acc += sc[s] * val_at(lo + s, d);
     dst[d] = __float2half_rn(acc * inv);
   }
 }
@@ -275,7 +280,7 @@ __device__ __forceinline__ float2 rotate_pair_h(const half* x, int i, int hd, fl
 __device__ __forceinline__ void attention_prefill_ref(
     half* out, const half* qkv, const float* rope_table, const float* inv_freq, half* k_cache,
     half* v_cache, const int* block_table, const int* slot, const int* n_real, int L, int n_heads,
-    int n_kv_heads, int head_dim, int table_len, int max_blocks, float scale, float mscale) {
+    int n_kv_heads, int head_dim, int table_len, int max_blocks, int window, float scale, float mscale) {
   extern __shared__ float smem_ref[];
   const int D = head_dim, hd = D / 2;
   float* sq = smem_ref;       // [D]
@@ -311,7 +316,8 @@ __device__ __forceinline__ void attention_prefill_ref(
     return rotate_pair_h(kb + s * rs, i, hd, rope_cs(rope_table, inv_freq, table_len, mscale, s, hd, i));
   };
   auto val_at = [&](int s, int d) { return __half2float(vb[s * rs + d]); };
-  attend_ref(sq, sc, red, t + 1, D, scale, key_at, val_at, dst);
+  const int lo = window > 0 ? max(0, t - window + 1) : 0;
+  attend_ref(sq, sc, red, lo, t + 1 - lo, D, scale, key_at, val_at, dst);
 }
 
 }  // namespace grokc_attn

@@ -13,7 +13,8 @@ namespace linear {
 // byte each, any group size in linear_ref, one scale (and zero) per row in linear_gemv2; the gemv
 // and gemm families do not read it.
 enum WFormat { F16 = 0, Q4 = 1, Q4G = 2, Q8 = 3 };
-enum Act { NONE = 0, SILU_MUL = 1 };
+// Gated activations (SILU_MUL, GELU_MUL) read NW = 2N weight rows: gate rows, then up rows.
+enum Act { NONE = 0, SILU_MUL = 1, GELU_MUL = 2 };
 // Input dtypes (kernel_abi's x_dtype / residual_dtype), as a template argument: bit X32 set, x is
 // f32; bit R32, the residual is. An f32 input is rounded to f16 as it is read, so it means what the
 // f16 tensor it stands for would (the batch-1 decode graph keeps its layer outputs in f32 sums).
@@ -45,24 +46,36 @@ __device__ __forceinline__ void store(void* out, size_t i, float v, bool f32) {
         static_cast<__half*>(out)[i] = __float2half_rn(v);
 }
 
-// addend[m, row] (f32 [M, NW], NW = 2N for silu_mul), or 0 when there is none: the sparse f16
-// residual's product (kernel_abi "sparse_residual"), added to a row's finished dot product.
+// The tanh approximation of GELU (gelu_pytorch_tanh), as abi/ops.py writes it.
+__device__ __forceinline__ float gelu_tanh(float v) {
+    return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+}
+
+// The activation a gated ACT applies to the gate rows.
 template <int ACT>
-__device__ __forceinline__ float addend_at(const float* addend, int m, int row, int N) {
-    if (addend == nullptr) return 0.f;
-    const int nw = (ACT == SILU_MUL) ? 2 * N : N;
-    return addend[static_cast<size_t>(m) * nw + row];
+__device__ __forceinline__ float gate_act(float gate) {
+    return ACT == GELU_MUL ? gelu_tanh(gate) : silu(gate);
+}
+
+// What joins weight row `row`'s finished dot product for output row m before the activation:
+// addend[m, row] (f32 [M, NW], NW = 2N when gated), the sparse f16 residual's product (kernel_abi
+// "sparse_residual"), plus bias[row] (f16 [NW]); null pointers count as 0.
+template <int ACT>
+__device__ __forceinline__ float addend_at(const float* addend, const __half* bias, int m, int row, int N) {
+    const int nw = (ACT != NONE) ? 2 * N : N;
+    const float a = addend == nullptr ? 0.f : addend[static_cast<size_t>(m) * nw + row];
+    return bias == nullptr ? a : a + __half2float(bias[row]);
 }
 
 // The last step every kernel shares, for one output element (m, n) whose raw dot products are
-// `gate` (and `up` for silu_mul), each already multiplied by its row scale and rms factor; the
-// addend of each row joins them before the activation.
+// `gate` (and `up` when gated), each already multiplied by its row scale and rms factor; the
+// addend and bias of each row join them before the activation.
 template <int ACT, bool OUT_F32, int IO = 0>
-__device__ __forceinline__ void finish(void* out, const __half* residual, const float* addend, int m, int n, int N,
-                                       float gate, float up) {
-    gate += addend_at<ACT>(addend, m, n, N);
-    if (ACT == SILU_MUL) up += addend_at<ACT>(addend, m, N + n, N);
-    float v = (ACT == SILU_MUL) ? silu(gate) * up : gate;
+__device__ __forceinline__ void finish(void* out, const __half* residual, const float* addend, const __half* bias,
+                                       int m, int n, int N, float gate, float up) {
+    gate += addend_at<ACT>(addend, bias, m, n, N);
+    if (ACT != NONE) up += addend_at<ACT>(addend, bias, m, N + n, N);
+    float v = (ACT != NONE) ? gate_act<ACT>(gate) * up : gate;
     const size_t i = static_cast<size_t>(m) * N + n;
     if (residual != nullptr) v += residual_at<IO>(residual, i);  // out may alias residual: read first
     store(out, i, v, OUT_F32);
@@ -77,5 +90,5 @@ __device__ __forceinline__ void finish(void* out, const __half* residual, const 
     void *out, const __half *__restrict__ x, const void *__restrict__ weight,                       \
         const __half *__restrict__ scales, const __half *__restrict__ zeros,                        \
         const __half *__restrict__ norm, const __half *residual, const float *__restrict__ addend,    \
-        int M, int N, int K, int group_size, float eps
-#define GROKC_LINEAR_ARGS out, x, weight, scales, zeros, norm, residual, addend, M, N, K, group_size, eps
+        const __half *__restrict__ bias, int M, int N, int K, int group_size, float eps
+#define GROKC_LINEAR_ARGS out, x, weight, scales, zeros, norm, residual, addend, bias, M, N, K, group_size, eps

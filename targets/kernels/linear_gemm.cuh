@@ -11,9 +11,9 @@
 //
 // Prologue: RMSNorm's weight is folded into the B fragments (B * norm[k]) and each row's sum of
 // squares is gathered from the A fragments, so x itself is copied untouched; the rms factor
-// multiplies the finished sums. silu_mul: each warp's column tile is half gate rows, half the
+// multiplies the finished sums. gated (silu_mul, gelu_tanh_mul): each warp's column tile is half gate rows, half the
 // matching up rows, so gate and up meet in the same thread. Epilogue: row scale (Q4), rms
-// factor, silu_mul, residual, f16/f32 store, straight from the accumulators.
+// factor, the gated activation, residual, f16/f32 store, straight from the accumulators.
 //
 // Dynamic shared memory (rules_linear.gemm_smem computes the same):
 //   STAGES * (BM*BK*2 + (f16 ? BN*BK*2 : BN*BK/2) + BK*2)  +  BM * 4.
@@ -44,7 +44,7 @@ __device__ __forceinline__ void linear_gemm_body(GROKC_LINEAR_PARAMS, int block_
     constexpr int TM = BM / WM, TN = BN / WN;  // warp tile
     constexpr int MT = TM / 16, NTL = TN / 8;  // MMA tiles per warp
     static_assert(TM % 16 == 0 && TN % 8 == 0, "warp tile must be a multiple of 16 x 8");
-    static_assert(ACT == NONE || NTL % 2 == 0, "silu_mul needs an even number of n tiles per warp");
+    static_assert(ACT == NONE || NTL % 2 == 0, "gated activations need an even number of n tiles per warp");
     constexpr int A_BYTES = BM * BK * 2;
     constexpr int B_ROW = (WF == F16) ? BK * 2 : BK / 2;  // bytes per weight row per tile
     constexpr int B_BYTES = BN * B_ROW;
@@ -244,7 +244,7 @@ __device__ __forceinline__ void linear_gemm_body(GROKC_LINEAR_PARAMS, int block_
             if (m >= M) continue;
             const float rs = has_norm ? rstd[rl] : 1.f;
 #pragma unroll
-            for (int nt = 0; nt < (ACT == SILU_MUL ? NTL / 2 : NTL); ++nt)
+            for (int nt = 0; nt < (ACT != NONE ? NTL / 2 : NTL); ++nt)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int w = nt * 8 + 2 * q + e;  // column within the warp tile
@@ -263,7 +263,7 @@ __device__ __forceinline__ void linear_gemm_body(GROKC_LINEAR_PARAMS, int block_
                             up *= __half2float(scales[N + n]);
                         }
                     }
-                    finish<ACT, OUT_F32>(out, residual, addend, m, n, N, gate * rs, up * rs);
+                    finish<ACT, OUT_F32>(out, residual, addend, bias, m, n, N, gate * rs, up * rs);
                 }
         }
 }

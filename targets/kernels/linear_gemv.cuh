@@ -1,11 +1,11 @@
 // `linear` for few rows of x (decode: M = batch slots <= 16): a weight-streaming GEMV on tensor
 // cores.
 //
-// Work split. A block owns BR = 8*RG weight rows (silu_mul: BR/2 gate rows and the matching up
+// Work split. A block owns BR = 8*RG weight rows (gated: BR/2 gate rows and the matching up
 // rows) and runs KS*RG warps: warp (rg, ks) streams the 8 rows of row group rg over the K steps
 // ks, ks+KS, ... (intra-block split-K), U steps per round, the next round's loads in flight while
 // the current one is computed. Partial sums meet in shared memory, where the epilogue (row
-// scale, rms factor, silu_mul, residual, f16/f32 store) runs.
+// scale, rms factor, the gated activation, residual, f16/f32 store) runs.
 //
 // One step = 4 chunks of 16 bytes per weight row: 128 k for int4 (chunk = 32 codes), 32 k for
 // f16 (chunk = 8 halves). Lane (g, q) = (lane/4, lane%4) loads chunk q of row g, so a warp load
@@ -65,7 +65,7 @@ __device__ __forceinline__ void linear_gemv_body(GROKC_LINEAR_PARAMS) {
     const int lrow = 8 * rg + g;
     int wrow;
     bool row_ok;
-    if (ACT == SILU_MUL) {
+    if (ACT != NONE) {
         constexpr int H = BR / 2;
         const int col = blockIdx.x * H + (lrow % H);
         row_ok = col < N;
@@ -221,7 +221,7 @@ __device__ __forceinline__ void linear_gemv_body(GROKC_LINEAR_PARAMS) {
     }
     __syncthreads();
 
-    constexpr int OC = (ACT == SILU_MUL) ? BR / 2 : BR;  // output columns per block
+    constexpr int OC = (ACT != NONE) ? BR / 2 : BR;  // output columns per block
     for (int e = tid; e < M * OC; e += NT) {
         const int m = e / OC, j = e - m * OC;
         const int n = blockIdx.x * OC + j;
@@ -231,13 +231,13 @@ __device__ __forceinline__ void linear_gemv_body(GROKC_LINEAR_PARAMS) {
 #pragma unroll
         for (int kk = 0; kk < KS; ++kk) {
             gate += red[(kk * M + m) * BR + j];
-            if (ACT == SILU_MUL) up += red[(kk * M + m) * BR + j + OC];
+            if (ACT != NONE) up += red[(kk * M + m) * BR + j + OC];
         }
         if (WF == Q4) {
             gate *= __half2float(scales[n]);
-            if (ACT == SILU_MUL) up *= __half2float(scales[N + n]);
+            if (ACT != NONE) up *= __half2float(scales[N + n]);
         }
-        finish<ACT, OUT_F32>(out, residual, addend, m, n, N, gate * rs, up * rs);
+        finish<ACT, OUT_F32>(out, residual, addend, bias, m, n, N, gate * rs, up * rs);
     }
 }
 

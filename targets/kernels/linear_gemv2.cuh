@@ -18,7 +18,7 @@
 // 2v and 2v + 1, one code per byte; for f16 the chunk's 4 half2). B row (2t, 2t+1) of column g is
 // then x[g] at those same physical k, read from shared memory with one 16-byte load per piece.
 //
-// A rows: act none: 16 consecutive weight rows; silu_mul: A rows 0..7 are gate rows n..n+7 and
+// A rows: act none: 16 consecutive weight rows; gated: A rows 0..7 are gate rows n..n+7 and
 // rows 8..15 the up rows N+n..N+n+7, so D[g] (gate) and D[g+8] (up) of output n+g land in the same
 // lane and the epilogue needs no exchange.
 //
@@ -173,7 +173,7 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
     constexpr bool PER_ROW = WF == Q4 || WF == Q8;      // one scale (and zero) per row, on the fp32 sums
     constexpr bool RAW = WF == Q4 && (R >= 2 || NL == 1);  // codes as f16 subnormals (q4_raw); see the top
     constexpr int BR = 16 * R * WN;                     // A rows per block
-    constexpr int OC = (ACT == SILU_MUL) ? BR / 2 : BR; // outputs per block
+    constexpr int OC = (ACT != NONE) ? BR / 2 : BR; // outputs per block
     constexpr bool NPASS = NORM && NL == 0;             // norm applied by a pass over staged x
     constexpr bool NLOOP = NORM && NL == 1;             // ... or per step, in registers
     extern __shared__ __align__(16) unsigned char smem[];
@@ -204,7 +204,7 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
     for (int j = 0; j < R; ++j) {
         const int grp = (blockIdx.x * WN + wn) * R + j;
         // rows past N read row 0 (their results are never stored)
-        if (ACT == SILU_MUL) {
+        if (ACT != NONE) {
             out_n[j] = grp * 8 + g;
             const int n = out_n[j] < N ? out_n[j] : 0;
             wlo[j] = w0 + static_cast<size_t>(n) * row_bytes;
@@ -216,9 +216,9 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
         }
     }
     // the row index of A row g + 8 for scale / zero lookups
-    auto row_hi = [&](int j) { return ACT == SILU_MUL ? N + out_n[j] : out_n[j] + 8; };
+    auto row_hi = [&](int j) { return ACT != NONE ? N + out_n[j] : out_n[j] + 8; };
     auto row_ok_lo = [&](int j) { return out_n[j] < N; };
-    auto row_ok_hi = [&](int j) { return ACT == SILU_MUL ? out_n[j] < N : out_n[j] + 8 < N; };
+    auto row_ok_hi = [&](int j) { return ACT != NONE ? out_n[j] < N : out_n[j] + 8 < N; };
 
     // ---- the ring of weight loads ------------------------------------------------------------------
     uint4 ring[D][R][2];
@@ -293,7 +293,7 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
                     const int m = 2 * t + h;
                     if (m >= M) continue;
                     if (row_ok_lo(j)) res[4 * j + 2 * h] = res_h<IO>(residual, static_cast<size_t>(m) * N + out_n[j]);
-                    if (ACT != SILU_MUL && row_ok_hi(j))
+                    if (ACT == NONE && row_ok_hi(j))
                         res[4 * j + 2 * h + 1] = res_h<IO>(residual, static_cast<size_t>(m) * N + out_n[j] + 8);
                 }
         } else {
@@ -491,20 +491,20 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
                 if (m >= M) continue;
                 const float rs = h ? rs1 : rs0;
                 const size_t o = static_cast<size_t>(m) * N;
-                if (ACT == SILU_MUL) {
+                if (ACT != NONE) {
                     if (!row_ok_lo(j)) continue;
-                    float v = silu(c[h] * sc_lo[j] * rs + addend_at<ACT>(addend, m, out_n[j], N)) *
-                              (c[2 + h] * sc_hi[j] * rs + addend_at<ACT>(addend, m, N + out_n[j], N));
+                    float v = gate_act<ACT>(c[h] * sc_lo[j] * rs + addend_at<ACT>(addend, bias, m, out_n[j], N)) *
+                              (c[2 + h] * sc_hi[j] * rs + addend_at<ACT>(addend, bias, m, N + out_n[j], N));
                     if (residual != nullptr) v += __half2float(res[4 * j + 2 * h]);
                     store(out, o + out_n[j], v, OUT_F32);
                 } else {
                     if (row_ok_lo(j)) {
-                        float v = c[h] * sc_lo[j] * rs + addend_at<ACT>(addend, m, out_n[j], N);
+                        float v = c[h] * sc_lo[j] * rs + addend_at<ACT>(addend, bias, m, out_n[j], N);
                         if (residual != nullptr) v += __half2float(res[4 * j + 2 * h]);
                         store(out, o + out_n[j], v, OUT_F32);
                     }
                     if (row_ok_hi(j)) {
-                        float v = c[2 + h] * sc_hi[j] * rs + addend_at<ACT>(addend, m, out_n[j] + 8, N);
+                        float v = c[2 + h] * sc_hi[j] * rs + addend_at<ACT>(addend, bias, m, out_n[j] + 8, N);
                         if (residual != nullptr) v += __half2float(res[4 * j + 2 * h + 1]);
                         store(out, o + out_n[j] + 8, v, OUT_F32);
                     }
@@ -531,18 +531,18 @@ __device__ __forceinline__ void body(GROKC_LINEAR_PARAMS) {
             const int m = e / OC, oc = e - m * OC;
             const int n = blockIdx.x * OC + oc;
             if (m >= M || n >= N) continue;
-            const int a = ACT == SILU_MUL ? (oc / 8) * 16 + (oc % 8) : oc;
+            const int a = ACT != NONE ? (oc / 8) * 16 + (oc % 8) : oc;
             float gate = 0.f, up = 0.f;
 #pragma unroll
             for (int kk = 0; kk < KS; ++kk) {
                 const float* r = red + static_cast<size_t>(kk * M + m) * BR;
                 gate += r[a];
-                if (ACT == SILU_MUL) up += r[a + 8];
+                if (ACT != NONE) up += r[a + 8];
             }
             const float rs = rms(m);
-            gate = gate * rs + addend_at<ACT>(addend, m, n, N);
-            if (ACT == SILU_MUL) up = up * rs + addend_at<ACT>(addend, m, N + n, N);
-            float v = ACT == SILU_MUL ? silu(gate) * up : gate;
+            gate = gate * rs + addend_at<ACT>(addend, bias, m, n, N);
+            if (ACT != NONE) up = up * rs + addend_at<ACT>(addend, bias, m, N + n, N);
+            float v = ACT != NONE ? gate_act<ACT>(gate) * up : gate;
             if (residual != nullptr) v += __half2float(res[i]);
             store(out, static_cast<size_t>(m) * N + n, v, OUT_F32);
         }

@@ -65,9 +65,9 @@ __device__ __forceinline__ void linear_ref(GROKC_LINEAR_PARAMS) {
         float xv = x_at<IO>(x, xr + k);
         if (norm != nullptr) xv = xv * r * __half2float(norm[k]);
         gate = fmaf(xv, weight_at<WF>(weight, scales, zeros, n, k, K, group_size), gate);
-        if (ACT == SILU_MUL) up = fmaf(xv, weight_at<WF>(weight, scales, zeros, N + n, k, K, group_size), up);
+        if (ACT != NONE) up = fmaf(xv, weight_at<WF>(weight, scales, zeros, N + n, k, K, group_size), up);
     }
-    finish<ACT, OUT_F32, IO>(out, residual, addend, m, n, N, gate, up);
+    finish<ACT, OUT_F32, IO>(out, residual, addend, bias, m, n, N, gate, up);
 }
 
 }  // namespace ref

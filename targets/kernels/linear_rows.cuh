@@ -91,7 +91,7 @@ __device__ __forceinline__ void linear_rows(GROKC_LINEAR_PARAMS) {
         }
         if (row + stride < N) load(row + stride, 0);
         acc = warp_sum(acc);
-        if (lane == 0) finish<NONE, OUT_F32, IO>(out, residual, addend, 0, row, N, acc * rs, 0.f);
+        if (lane == 0) finish<NONE, OUT_F32, IO>(out, residual, addend, bias, 0, row, N, acc * rs, 0.f);
     }
 }
 

@@ -226,7 +226,7 @@ struct Expert {
     const __half* zeros;
     __device__ __forceinline__ Expert(int e, const void* w, const __half* s, const __half* z, int N, int K,
                                       int group_size) {
-        const size_t nw = (ACT == linear::SILU_MUL) ? 2 * static_cast<size_t>(N) : N;
+        const size_t nw = (ACT != linear::NONE) ? 2 * static_cast<size_t>(N) : N;
         const size_t groups = group_size > 0 ? (K + group_size - 1) / group_size : 1;
         weight = static_cast<const unsigned char*>(w) + static_cast<size_t>(e) * nw * gemv2::weight_bytes<WF>(K);
         scales = s == nullptr ? nullptr : s + static_cast<size_t>(e) * nw * groups;
@@ -251,7 +251,7 @@ __device__ __forceinline__ void gemv2_rows(GROKC_MOE_LINEAR_PARAMS) {
             const int m = rows - c < gemv2::MAXM ? rows - c : gemv2::MAXM;
             gemv2::body<WF, ACT, OUT_F32, RG, KS, WN, D, PF, NL, TR, 0, false, ZERO>(
                 row_ptr<OUT_F32>(out, r0 + c, N), x + static_cast<size_t>(r0 + c) * K, ex.weight, ex.scales, ex.zeros,
-                nullptr, nullptr, nullptr, m, N, K, group_size, 0.f);
+                nullptr, nullptr, nullptr, nullptr, m, N, K, group_size, 0.f);
             __syncthreads();  // the next chunk restages x in the same shared memory
         }
     }
@@ -287,7 +287,7 @@ __device__ __forceinline__ void gemm_tile(GROKC_MOE_LINEAR_PARAMS) {
     const Expert<WF, ACT> ex(tile_expert, weight, scales, zeros, N, K, group_size);
     gemm::linear_gemm_body<WF, ACT, OUT_F32, BM, BN, WM, WN, STAGES, false, ZERO>(
         row_ptr<OUT_F32>(out, tile_row, N), x + static_cast<size_t>(tile_row) * K, ex.weight, ex.scales, ex.zeros,
-        nullptr, nullptr, nullptr, tile_rows, N, K, group_size, 0.f, 0);
+        nullptr, nullptr, nullptr, nullptr, tile_rows, N, K, group_size, 0.f, 0);
 }
 
 template <int WF, int ACT, bool OUT_F32, int BM, int BN, int WM, int WN, int STAGES>
@@ -312,10 +312,10 @@ __device__ __forceinline__ void linear_ref(GROKC_MOE_LINEAR_PARAMS) {
     for (int k = 0; k < K; ++k) {
         const float xv = __half2float(xr[k]);
         gate = fmaf(xv, ref::weight_at<WF>(ex.weight, ex.scales, ex.zeros, n, k, K, group_size), gate);
-        if (ACT == linear::SILU_MUL)
+        if (ACT != linear::NONE)
             up = fmaf(xv, ref::weight_at<WF>(ex.weight, ex.scales, ex.zeros, N + n, k, K, group_size), up);
     }
-    linear::finish<ACT, OUT_F32>(out, nullptr, nullptr, r, n, N, gate, up);
+    linear::finish<ACT, OUT_F32>(out, nullptr, nullptr, nullptr, r, n, N, gate, up);
 }
 
 }  // namespace moe

@@ -95,8 +95,8 @@ def test_hessians_are_the_second_moments_of_each_linear_input(tiny):
     with torch.no_grad():
         h = [model.token_embd(torch.tensor(w)) for w in wins]
         x0 = torch.cat([model.blk[0].attn_norm(x) for x in h]).double()
-        for block in model.blk:
-            h = [block(x, torch.arange(len(x), dtype=torch.int32), model.rope_inv_freq, model.mscale) for x in h]
+        for i in range(len(model.blk)):
+            h = [model.forward_block(i, x, torch.arange(len(x), dtype=torch.int32)) for x in h]
         xh = torch.cat([model.output_norm(x) for x in h]).double()
     np.testing.assert_allclose(got[names.name(names.Tensor("attn_q"), 0)], (x0.T @ x0 / len(x0)).numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got[names.LM_HEAD], (xh.T @ xh / len(xh)).numpy(), rtol=1e-5, atol=1e-6)

@@ -29,7 +29,7 @@ def refusal(path, *needles: str) -> str:
 
 
 def test_missing_path(tmp_path):
-    refusal(tmp_path / "nope.gguf", "nope.gguf", "does not exist", ".gguf file or a Hugging Face folder")
+    refusal(tmp_path / "nope.gguf", "nope.gguf", "does not exist", ".gguf file, a Hugging Face folder with config.json, an .onnx file or a torch.export .pt2 file")
 
 
 def test_folder_without_config(tmp_path):
@@ -106,8 +106,8 @@ def test_gguf_unsupported_rope_scaling(tiny_gguf):
     refusal(tiny_gguf(metadata={"llama.rope.scaling.type": "longrope"}), "'longrope'")
 
 
-def test_gguf_sentencepiece_tokenizer(tiny_gguf):
-    refusal(tiny_gguf(metadata={"tokenizer.ggml.model": "llama"}), "tokenizer.ggml.model", "'llama'")
+def test_gguf_unknown_tokenizer_model(tiny_gguf):
+    refusal(tiny_gguf(metadata={"tokenizer.ggml.model": "t5"}), "tokenizer.ggml.model", "'t5'")
 
 
 def test_gguf_heads_not_divisible(tiny_gguf):
@@ -131,7 +131,7 @@ def test_hf_tiny_folder_loads(tiny_hf):
         ({"mlp_bias": True}, ("mlp_bias",)),
         ({"hidden_act": "gelu"}, ("'gelu'",)),
         ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, ("'dynamic'",)),
-        ({"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": 128}, ("sliding_window 128",)),
+        ({"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"]}, ("'qwen2_moe'", "qwen2")),
         ({"num_hidden_layers": None}, ("'num_hidden_layers'",)),
     ],
 )
@@ -139,9 +139,13 @@ def test_hf_config_refusals(tiny_hf, overrides, needles):
     refusal(tiny_hf(config=tiny_hf_config(**overrides)), *needles)
 
 
-def test_hf_mistral_without_window_is_accepted(tiny_hf):
+def test_hf_mistral_window_is_every_layer_or_none(tiny_hf):
     cfg = tiny_hf_config(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=None)
-    assert load_model(tiny_hf(config=cfg)).config.num_layers == 2
+    loaded = load_model(tiny_hf(config=cfg)).config
+    assert (loaded.architecture, loaded.local_layers, loaded.sliding_window) == ("mistral", (), 0)
+    cfg = tiny_hf_config(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=128)
+    loaded = load_model(tiny_hf(config=cfg)).config
+    assert (loaded.local_layers, loaded.sliding_window) == ((0, 1), 128)
 
 
 def test_hf_missing_tensor(tiny_hf):

@@ -2,7 +2,9 @@
 (one tensor per expert) and as llama.cpp stores it (``llama`` with ``expert_count``, the experts
 stacked in ``ffn_gate_exps`` etc.) load to the same canonical weights and config, bit for bit; a
 tiny Qwen2-MoE as transformers saves it (experts and the shared expert with its gate) loads bit for
-bit, and the Qwen2-MoE settings its graph lacks are refused in one line."""
+bit, and the Qwen2-MoE settings its graph lacks are refused in one line. A Mixtral with a sliding
+window loads as a windowed model whose torch model equals transformers' (logits within 1e-3 of their
+RMS, fp32 both, on more tokens than the window)."""
 
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ import json
 import gguf
 import numpy as np
 import pytest
+import torch
 from calib_tiny import byte_tokenizer_json
 from frontends_tiny import tiny_tokenizer_metadata
 from tiny_moe import hf_model, moe_config, moe_weights
 
 from grokc.compiler.frontends import load_model
+from grokc.compiler.quality import reference_model
 from grokc.core.errors import UnsupportedModel
 
 pytest.importorskip("transformers")
@@ -134,7 +138,7 @@ def test_qwen2_moe_folder_loads_experts_and_the_gated_shared_expert(qwen_folder)
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"qkv_bias": None}, "attention biases .qkv_bias"),          # absent: transformers' default, on
+    ({"qkv_bias": False}, r"holds tensor 'model\.layers\.\d\.self_attn\.[qkv]_proj\.bias' \(a bias\)"),   # biases there
     ({"decoder_sparse_step": 2}, "mixes dense and sparse layers"),
     ({"mlp_only_layers": [1]}, "mixes dense and sparse layers"),
     ({"shared_expert_intermediate_size": 0}, "inconsistent mixture of experts.*shared gate needs a shared expert"),
@@ -148,3 +152,17 @@ def test_qwen2_moe_settings_the_graph_lacks_are_one_line(tmp_path, qwen_folder, 
     (tmp_path / "model.safetensors").symlink_to(folder / "model.safetensors")
     with pytest.raises(UnsupportedModel, match=message):
         load_model(tmp_path)
+
+
+def test_mixtral_sliding_window_matches_transformers(tmp_path):
+    cfg = moe_config("mixtral", vocab_size=260, tie_word_embeddings=False, sliding_window=8, local_layers=(0, 1))
+    weights = moe_weights(cfg, seed=7)
+    hf = hf_model(cfg, weights, tmp_path)
+    (tmp_path / "tokenizer.json").write_text(byte_tokenizer_json())
+    loaded = load_model(tmp_path)
+    assert (loaded.config.sliding_window, loaded.config.local_layers) == (8, (0, 1))
+    tokens = torch.from_numpy(np.random.default_rng(3).integers(0, 260, 40))
+    with torch.no_grad():
+        want = hf(tokens[None]).logits[0].numpy()
+        got = reference_model(loaded.config, loaded.weights)(tokens.int(), torch.arange(40, dtype=torch.int32)).numpy()
+    assert np.abs(got - want).max() / np.sqrt((want ** 2).mean()) < 1e-3

@@ -47,7 +47,7 @@ extern "C" __global__ void fake_take_last(int* out, const int* x, const int* n_r
 // of the dynamic shared memory, weight[0], the dynamic smem size, and two pointers' values.
 extern "C" __global__ void probe_linear(int* out, const int* x, const int* weight,
                                         const void* scales, const void* zeros, const void* norm,
-                                        const void* residual, const void* addend, int M, int N, int K,
+                                        const void* residual, const void* addend, const void* bias, int M, int N, int K,
                                         int group_size, float eps) {
     extern __shared__ int smem[];
     unsigned dyn;
@@ -171,7 +171,7 @@ def _take_last(out: str, x: str, hidden: int, node: str, kernel: str = "fake_tak
 
 def _probe() -> Launch:
     args = (Arg("out", buffer="probe"), Arg("x", buffer="c"), Arg("weight", weight="w.probe"),
-            Arg("scales"), Arg("zeros"), Arg("norm"), Arg("residual", buffer="a"), Arg("addend"),
+            Arg("scales"), Arg("zeros"), Arg("norm"), Arg("residual", buffer="a"), Arg("addend"), Arg("bias"),
             *(Arg(name, value=v) for name, v in SCALARS.items()))
     attrs = {"weight_format": "f16", "act": "none", "out_dtype": "f16"}
     return Launch("linear", "probe_linear", (1, 1, 1), (32, 1, 1), PROBE_SMEM, args, attrs, node="probe")

@@ -10,8 +10,10 @@ never be read). Checked:
 - the cache: ``v`` bit-exact; ``k`` bit-exact inside the RoPE table and within 1 f16 ulp past it
   (sincosf against numpy's cos/sin); every position nobody wrote unchanged, bit for bit.
 
-Shapes: SmolLM2 (9/3 heads, D=64), Llama-3.2-1B (32/8, 64), Llama-2-7B (32/32, 128); prefill
-L = 16, 100, 512, 4096 (and t_real = 0); decode at positions 0, 15, 16, past the table, 8191.
+Shapes: SmolLM2 (9/3 heads, D=64), Llama-3.2-1B (32/8, 64), Llama-2-7B (32/32, 128), Gemma 3
+(4/1 and 8/4, D=256: the fallbacks); prefill L = 16, 100, 512, 4096 (and t_real = 0); decode at
+positions 0, 15, 16, past the table, 8191; local layers (``window`` 1, 5, 24, 100, 512, and wider
+than the sequence), whose keys outside the window must not count: the cache is random there.
 """
 
 from __future__ import annotations
@@ -62,14 +64,14 @@ def kv_pool(rng, n_slots: int, max_blocks: int, nkv: int, d: int, spare: int = 5
     return k_cache, v_cache, block_table
 
 
-def attn_args(rng, rows, nh, nkv, d, table_len, mscale, max_blocks):
+def attn_args(rng, rows, nh, nkv, d, table_len, mscale, max_blocks, window=0):
     table, inv = rope(d, table_len, mscale)
     return {
         "out": np.full((rows, nh * d), np.nan, F16),
         "qkv": rng.standard_normal((rows, (nh + 2 * nkv) * d)).astype(F16),
         "rope_table": table, "inv_freq": inv,
         "n_heads": nh, "n_kv_heads": nkv, "head_dim": d, "table_len": table_len, "max_blocks": max_blocks,
-        "scale": float(d ** -0.5), "mscale": mscale,
+        "window": window, "scale": float(d ** -0.5), "mscale": mscale,
     }
 
 
@@ -110,14 +112,22 @@ def check_cache(got: dict, want: dict, before: dict, mask: np.ndarray, exact_k: 
 
 # -- prefill ----------------------------------------------------------------------------------
 
-PREFILL_CASES = [  # (L, t_real, nh, nkv, d, table_len)
-    (16, 16, 9, 3, 64, 4096),
-    (16, 0, 9, 3, 64, 4096),
-    (100, 77, 9, 3, 64, 64),        # positions 64.. past the table
-    (512, 500, 32, 8, 64, 4096),
-    (128, 128, 32, 32, 128, 4096),
-    (100, 99, 32, 32, 128, 50),
-    (4096, 4001, 4, 1, 64, 4096),
+PREFILL_CASES = [  # (L, t_real, nh, nkv, d, table_len, window)
+    (16, 16, 9, 3, 64, 4096, 0),
+    (16, 0, 9, 3, 64, 4096, 0),
+    (100, 77, 9, 3, 64, 64, 0),        # positions 64.. past the table
+    (512, 500, 32, 8, 64, 4096, 0),
+    (128, 128, 32, 32, 128, 4096, 0),
+    (100, 99, 32, 32, 128, 50, 0),
+    (4096, 4001, 4, 1, 64, 4096, 0),
+    # local layers: a window inside one key tile, across tiles, of one key, wider than the prompt
+    (128, 120, 8, 2, 64, 4096, 5),
+    (512, 500, 32, 8, 64, 4096, 100),
+    (100, 99, 16, 4, 128, 4096, 1),
+    (64, 40, 4, 1, 128, 4096, 512),
+    # head_dim 256 (Gemma 3): the fallback only
+    (64, 60, 4, 1, 256, 4096, 0),
+    (128, 127, 8, 4, 256, 4096, 24),
 ]
 
 
@@ -126,14 +136,16 @@ def prefill_symbol_for(d: int, kind: str) -> str:
 
 
 @pytest.mark.parametrize("kind", ["mma", "ref"])
-@pytest.mark.parametrize("case", PREFILL_CASES, ids=lambda c: "L{}_t{}_h{}-{}_d{}_tab{}".format(*c))
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=lambda c: "L{}_t{}_h{}-{}_d{}_tab{}_w{}".format(*c))
 def test_attention_prefill(cubin, case, kind):
-    L, t_real, nh, nkv, d, table_len = case
+    L, t_real, nh, nkv, d, table_len, window = case
     if kind == "ref" and L > 512:
         pytest.skip("the fallback is O(L^2 D) per head on CUDA cores; covered at smaller L")
+    if kind == "mma" and d not in (64, 128):
+        pytest.skip("the tensor-core prefill has head_dim 64 and 128 only")
     rng = seeded(case, kind)
     n_slots, max_blocks = 3, -(-L // S) + 2
-    args = attn_args(rng, L, nh, nkv, d, table_len, 1.0 if table_len > 64 else 1.07, max_blocks)
+    args = attn_args(rng, L, nh, nkv, d, table_len, 1.0 if table_len > 64 else 1.07, max_blocks, window)
     args["qkv"][t_real:] = np.nan                 # padding rows are never read
     k_cache, v_cache, block_table = kv_pool(rng, n_slots, max_blocks, nkv, d)
     slot = 1
@@ -155,13 +167,21 @@ def test_attention_prefill(cubin, case, kind):
 
 # -- decode -----------------------------------------------------------------------------------
 
-DECODE_CASES = [  # (nh, nkv, d, positions, active, max_blocks, table_len)
-    (9, 3, 64, [0, 15, 16, 700], [1, 1, 0, 1], 48, 512),
-    (32, 8, 64, [8191], [1], 512, 8192),
-    (32, 8, 64, [511], [1], 32, 8192),   # the Llama-1B bench's case: every cache block of the slot in use
-    (32, 8, 64, [5, 4095, 333, 1, 2047, 16, 31, 600], [1, 1, 1, 0, 1, 1, 1, 1], 256, 4096),
-    (32, 32, 128, [77, 1500], [1, 1], 128, 1024),
-    (32, 32, 128, [0, 4000, 0], [0, 1, 1], 256, 2048),
+DECODE_CASES = [  # (nh, nkv, d, positions, active, max_blocks, table_len, window)
+    (9, 3, 64, [0, 15, 16, 700], [1, 1, 0, 1], 48, 512, 0),
+    (32, 8, 64, [8191], [1], 512, 8192, 0),
+    (32, 8, 64, [511], [1], 32, 8192, 0),   # the Llama-1B bench's case: every cache block of the slot in use
+    (32, 8, 64, [5, 4095, 333, 1, 2047, 16, 31, 600], [1, 1, 1, 0, 1, 1, 1, 1], 256, 4096, 0),
+    (32, 32, 128, [77, 1500], [1, 1], 128, 1024, 0),
+    (32, 32, 128, [0, 4000, 0], [0, 1, 1], 256, 2048, 0),
+    # local layers: the window starts inside a cache block, on a block edge, holds one key, covers all
+    (9, 3, 64, [0, 15, 16, 700], [1, 1, 1, 1], 48, 512, 100),
+    (32, 8, 64, [5, 4095, 333, 2047], [1, 1, 1, 1], 256, 4096, 512),
+    (32, 32, 128, [77, 1500], [1, 1], 128, 1024, 1),
+    (16, 4, 128, [30, 31], [1, 1], 8, 1024, 4096),
+    # head_dim 256 (Gemma 3): the fallback only
+    (4, 1, 256, [3, 600, 40], [1, 1, 1], 48, 1024, 0),
+    (4, 1, 256, [3, 600, 40], [1, 1, 1], 48, 1024, 512),
 ]
 
 
@@ -174,9 +194,10 @@ def decode_launch(symbol: str, batch: int, nkv: int, d: int, nh: int, max_blocks
 
 
 @pytest.mark.parametrize("symbol", DECODE_SYMBOLS)
-@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: f"h{c[0]}-{c[1]}_d{c[2]}_B{len(c[3])}_p{max(c[3])}")
+@pytest.mark.parametrize("case", DECODE_CASES,
+                         ids=lambda c: f"h{c[0]}-{c[1]}_d{c[2]}_B{len(c[3])}_p{max(c[3])}_w{c[7]}")
 def test_attention_decode(cubin, sm, symbol, case):
-    nh, nkv, d, positions, active, max_blocks, table_len = case
+    nh, nkv, d, positions, active, max_blocks, table_len, window = case
     if symbol != "attn_decode_ref" and f"_d{d}_" not in symbol:
         pytest.skip("kernel compiled for another head_dim")
     if symbol.endswith(("_c2", "_c4", "_c8")) and sm < 90:
@@ -185,7 +206,7 @@ def test_attention_decode(cubin, sm, symbol, case):
         pytest.skip("the fallback's scores of 8192 positions are covered by the split kernels")
     rng = seeded(case, symbol)
     batch = len(positions)
-    args = attn_args(rng, batch, nh, nkv, d, table_len, 1.0, max_blocks)
+    args = attn_args(rng, batch, nh, nkv, d, table_len, 1.0, max_blocks, window)
     k_cache, v_cache, block_table = kv_pool(rng, batch, max_blocks, nkv, d)
     args.update(k_cache=k_cache, v_cache=v_cache, block_table=block_table, B=batch,
                 positions=np.array(positions, I32), active=np.array(active, I32))

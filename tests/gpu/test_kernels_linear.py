@@ -16,8 +16,9 @@ rms(want)``, so a few badly wrong elements cannot hide in the norm.
 
 Covered: every family (linear_rows for batch-1 f16 heads, gemv2 M <= 8, gemv M <= 16, gemm, the fp32 fallback), f16 / int4 per-channel / with
 zeros / groups of 32 and 128, int8 per channel with and without zeros (gemv2 at M <= 8, the fallback
-past it and for groups of 64), none / silu_mul, f16 / f32 out, with and without norm, residual and
-``addend`` (the sparse residual's f32 product, added before the activation),
+past it and for groups of 64), none / silu_mul / gelu_tanh_mul, f16 / f32 out, with and without
+norm, residual, ``addend`` (the sparse residual's f32 product, added before the activation) and
+``bias`` (Qwen2's q/k/v biases, added at the same point),
 ``out`` aliasing ``residual``, odd shapes (K = 576, N not a multiple of any tile, M = 1, 3, 8, 16,
 17, 100, 130, multi-slab staging at M = 16, K = 8192), and each GEMV / GEMM tiling the bench
 sweeps; gemv2 tilings at every M = 1..8, with K tails (K = 576, 40) and partial row groups; the
@@ -69,12 +70,12 @@ GEMM_TILINGS = [(128, 128, 2, 4, 3, 0), (64, 128, 2, 4, 3, 0), (64, 64, 2, 2, 3,
 
 
 def make_case(rng, m: int, n: int, k: int, fmt: str, act: str, out: str, norm: bool, residual: bool,
-              addend: bool = False) -> tuple:
+              addend: bool = False, bias: bool = False) -> tuple:
     """(args, attrs) for one launch: kernel_abi parameter name -> numpy array / scalar / None."""
     wf, gs, zeros = FORMATS[fmt]
-    nw = 2 * n if act == "silu_mul" else n
+    nw = n if act == "none" else 2 * n
     args = {"x": rng.standard_normal((m, k)).astype(F16), "scales": None, "zeros": None, "norm": None,
-            "residual": None, "addend": None, "M": m, "N": n, "K": k, "group_size": gs, "eps": 1e-5}
+            "residual": None, "addend": None, "bias": None, "M": m, "N": n, "K": k, "group_size": gs, "eps": 1e-5}
     if wf == "f16":
         args["weight"] = (rng.standard_normal((nw, k)) / np.sqrt(k)).astype(F16)
     else:  # codes uniform over the format's range, scales giving weights of std ~1/sqrt(K)
@@ -92,6 +93,8 @@ def make_case(rng, m: int, n: int, k: int, fmt: str, act: str, out: str, norm: b
         args["residual"] = rng.standard_normal((m, n)).astype(F16)
     if addend:  # about a third of the products' size, gate and up rows alike
         args["addend"] = (0.3 * rng.standard_normal((m, nw))).astype(F32)
+    if bias:
+        args["bias"] = (0.5 * rng.standard_normal(nw)).astype(F16)
     args["out"] = np.full((m, n), np.nan, F16 if out == "f16" else F32)
     return args, {"weight_format": wf, "act": act, "out_dtype": out}
 
@@ -161,6 +164,23 @@ MODEL_CASES = [(m, *call, False) for m in (1, 2, 4, 8) for call in MODEL_CALLS]
 CASES = list(dict.fromkeys(_cases() + Q8_CASES + HEAD_CASES + MODEL_CASES))
 
 
+def _bias_gelu_cases() -> list[tuple]:
+    """GeGLU (Gemma 3) and biases (Qwen2's qkv) on every family the rules pick, the other epilogue
+    inputs rotating: (M, N, K, format, act, out, norm, residual, addend, bias)."""
+    cases = []
+    shapes = [(1, 960, 576), (3, 100, 576), (16, 200, 2048), (100, 1000, 2048), (2, 40, 40)]
+    for i, ((m, n, k), fmt, act) in enumerate((s, f, a) for s in shapes for f in ("f16", "q4", "q4g128z", "q8")
+                                              for a in ("none", "gelu_tanh_mul", "silu_mul")):
+        if fmt != "f16" and k % 8:
+            continue
+        cases.append((m, n, k, fmt, act, ("f16", "f32")[i % 2], i % 3 != 0, (i // 2) % 2 == 0, i % 4 == 3,
+                      act != "gelu_tanh_mul" or i % 2 == 0))
+    return cases
+
+
+BIAS_GELU_CASES = _bias_gelu_cases()
+
+
 def kernel_wf(fmt: str) -> str:
     """The symbol's weight format of a FORMATS entry: int4 with groups is q4g."""
     wf, gs, _ = FORMATS[fmt]
@@ -171,8 +191,8 @@ def _gemv_variant_cases() -> list[tuple]:
     cases = []
     for ks, rg, u, b in GEMV_TILINGS:
         for fmt, act, out, m, mt in (("q4", "silu_mul", "f16", 3, 8), ("f16", "none", "f32", 1, 8),
-                                     ("q4g128z", "none", "f16", 12, 16)):
-            v = rules_linear.Gemv(kernel_wf(fmt), "silu" if act == "silu_mul" else "none", out, mt, ks, rg, u, b)
+                                     ("q4g128z", "none", "f16", 12, 16), ("q4", "gelu_tanh_mul", "f32", 5, 8)):
+            v = rules_linear.Gemv(kernel_wf(fmt), rules_linear.ACT_SYMBOL[act], out, mt, ks, rg, u, b)
             cases.append((v, m, 200, 1536, fmt, act, out))
     return cases
 
@@ -180,8 +200,9 @@ def _gemv_variant_cases() -> list[tuple]:
 def _gemm_variant_cases() -> list[tuple]:
     cases = []
     for bm, bn, wm, wn, st, b in GEMM_TILINGS:
-        for fmt, act, out in (("q4", "silu_mul", "f16"), ("f16", "none", "f32"), ("q4g32", "none", "f16")):
-            v = rules_linear.Gemm(kernel_wf(fmt), "silu" if act == "silu_mul" else "none", out, bm, bn, wm, wn, st, b)
+        for fmt, act, out in (("q4", "silu_mul", "f16"), ("f16", "none", "f32"), ("q4g32", "none", "f16"),
+                              ("f16", "gelu_tanh_mul", "f16")):
+            v = rules_linear.Gemm(kernel_wf(fmt), rules_linear.ACT_SYMBOL[act], out, bm, bn, wm, wn, st, b)
             if v.valid():
                 cases.append((v, 100, 300, 576, fmt, act, out))
     return cases
@@ -192,11 +213,12 @@ def _gemv2_variant_cases() -> list[tuple]:
     cases = []
     combos = (("q4", "silu_mul", "f16", 200, 1536), ("f16", "none", "f32", 200, 1000), ("q4g128z", "none", "f16", 200, 576),
               ("q4z", "none", "f16", 72, 8192), ("q4g32", "silu_mul", "f32", 40, 576), ("f16", "silu_mul", "f16", 24, 40),
-              ("q8z", "none", "f32", 200, 1008), ("q8", "silu_mul", "f16", 40, 592))   # int8: K tails of 48 and 16
+              ("q8z", "none", "f32", 200, 1008), ("q8", "silu_mul", "f16", 40, 592),   # int8: K tails of 48 and 16
+              ("q4", "gelu_tanh_mul", "f16", 200, 576))
     for i, tiling in enumerate(GEMV2_TILINGS + GEMV2_TR_TILINGS):
         nl = tiling[5]
         for j, (fmt, act, out, n, k) in enumerate(combos):
-            v = rules_linear.Gemv2(kernel_wf(fmt), "silu" if act == "silu_mul" else "none", out, *tiling)
+            v = rules_linear.Gemv2(kernel_wf(fmt), rules_linear.ACT_SYMBOL[act], out, *tiling)
             m = 1 + (i + 3 * j) % 8
             cases.append((v, m, n, k, fmt, act, out, nl == 1 or (i + j) % 2 == 0, (i + j) % 3 != 0,
                           (i + 2 * j) % 3 == 0))
@@ -226,7 +248,7 @@ GEMM_CASES = _gemm_variant_cases()
 
 def _symbols(test: str, param, sm: int) -> set[str]:
     """The kernels one test of this module launches."""
-    if test == "test_selected_kernel":
+    if test in ("test_selected_kernel", "test_bias_and_gelu"):
         return {choose(*make_case(seeded(param), *param), sm).kernel}
     if test in ("test_gemv_tilings", "test_gemm_tilings", "test_gemv2_tilings", "test_rows_tilings"):
         return {param[0].symbol}
@@ -271,10 +293,18 @@ def test_selected_kernel(case, cubins, sm):
     check(got, want, TOL[fmt], f"{choice.kernel} on {case}")
 
 
+@pytest.mark.parametrize("case", BIAS_GELU_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_bias_and_gelu(case, cubins, sm):
+    args, attrs = make_case(seeded(case), *case)
+    choice = choose(args, attrs, sm)
+    got = _run(cubins, choice.kernel, choice.grid, choice.block, choice.smem, args)
+    check(got, oracle(args, attrs), TOL[case[3]], f"{choice.kernel} on {case}")
+
+
 @pytest.mark.parametrize("case", GEMV_CASES, ids=lambda c: f"{c[0].symbol}-M{c[1]}")
 def test_gemv_tilings(case, cubins, sm):
     v, m, n, k, fmt, act, out = case
-    args, attrs = make_case(seeded(v.symbol, m), m, n, k, fmt, act, out, True, True, True)
+    args, attrs = make_case(seeded(v.symbol, m), m, n, k, fmt, act, out, True, True, True, bias=True)
     if v.smem(m, k) > get_target(f"sm{sm}").smem_per_block:
         pytest.skip("does not fit this GPU's shared memory")
     got = _run(cubins, v.symbol, (v.blocks(n), 1, 1), (v.threads, 1, 1), v.smem(m, k), args)
@@ -284,7 +314,8 @@ def test_gemv_tilings(case, cubins, sm):
 @pytest.mark.parametrize("case", GEMV2_CASES, ids=lambda c: f"{c[0].symbol}-M{c[1]}-N{c[2]}-K{c[3]}-{c[4]}")
 def test_gemv2_tilings(case, cubins, sm):
     v, m, n, k, fmt, act, out, norm, residual, addend = case
-    args, attrs = make_case(seeded(v.symbol, m, n, k, fmt), m, n, k, fmt, act, out, norm, residual, addend)
+    args, attrs = make_case(seeded(v.symbol, m, n, k, fmt), m, n, k, fmt, act, out, norm, residual, addend,
+                            bias=act != "none")
     if v.smem(m, k) > get_target(f"sm{sm}").smem_per_block:
         pytest.skip("does not fit this GPU's shared memory")
     got = _run(cubins, v.symbol, (v.blocks(n), 1, 1), (v.threads, 1, 1), v.smem(m, k), args)
@@ -304,7 +335,7 @@ def test_rows_tilings(case, cubins, sm):
 @pytest.mark.parametrize("case", GEMM_CASES, ids=lambda c: c[0].symbol)
 def test_gemm_tilings(case, cubins, sm):
     v, m, n, k, fmt, act, out = case
-    args, attrs = make_case(seeded(v.symbol, m), m, n, k, fmt, act, out, True, True, True)
+    args, attrs = make_case(seeded(v.symbol, m), m, n, k, fmt, act, out, True, True, True, bias=True)
     if v.smem() > get_target(f"sm{sm}").smem_per_block:
         pytest.skip("does not fit this GPU's shared memory")
     got = _run(cubins, v.symbol, v.grid(m, n), (v.threads, 1, 1), v.smem(), args)

@@ -47,7 +47,7 @@ def _f32_case(rng, m, n, k, fmt, act, x32, r32, norm):
     nw = 2 * n if act == "silu_mul" else n
     x = rng.standard_normal((m, k)).astype(F32)  # not f16 values: the kernel must round them
     args = {"x": x if x32 else x.astype(F16), "scales": None, "zeros": None, "norm": None, "residual": None,
-            "addend": None, "M": m, "N": n, "K": k, "group_size": 0, "eps": 1e-5}
+            "addend": None, "bias": None, "M": m, "N": n, "K": k, "group_size": 0, "eps": 1e-5}
     if fmt == "f16":
         args["weight"] = (rng.standard_normal((nw, k)) / np.sqrt(k)).astype(F16)
     else:

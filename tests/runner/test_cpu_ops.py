@@ -76,7 +76,7 @@ def test_linear(weight, act, norm, residual, out_dtype):
     m, n, eps = 5, 24, 1e-5
     nw = 2 * n if act == "silu_mul" else n
     x = gen.standard_normal((m, k)).astype(F16)
-    args = dict(x=x, scales=None, zeros=None, norm=None, residual=None, addend=None, M=m, N=n, K=k,
+    args = dict(x=x, scales=None, zeros=None, norm=None, residual=None, addend=None, bias=None, M=m, N=n, K=k,
                 group_size=gs, eps=eps)
     if fmt == "f16":
         args["weight"] = (0.1 * gen.standard_normal((nw, k))).astype(F16)
@@ -116,7 +116,7 @@ def test_linear(weight, act, norm, residual, out_dtype):
 
 def test_linear_rejects_unknown_variant_and_wrong_dtype():
     x, w, out = np.ones((1, 8), F16), np.ones((4, 8), F16), np.zeros((1, 4), F16)
-    args = dict(out=out, x=x, weight=w, scales=None, zeros=None, norm=None, residual=None, addend=None,
+    args = dict(out=out, x=x, weight=w, scales=None, zeros=None, norm=None, residual=None, addend=None, bias=None,
                 M=1, N=4, K=8, group_size=0, eps=1e-5)
     with pytest.raises(ArtifactError, match="weight_format"):
         OPS["linear"](args, {"weight_format": "q3"})
@@ -172,7 +172,7 @@ def test_sparse_residual_then_linear_equals_the_corrected_dense_weight(act, norm
     np.testing.assert_allclose(delta, delta_ref.numpy(), rtol=1e-5, atol=1e-6)
     assert np.all(delta[:, 0] == 0)
     out = np.full((m, n), np.nan, F32)
-    OPS["linear"](dict(out=out, x=x, weight=packed, scales=scales, zeros=None, norm=g, residual=res, addend=delta,
+    OPS["linear"](dict(out=out, x=x, weight=packed, scales=scales, zeros=None, norm=g, residual=res, addend=delta, bias=None,
                        M=m, N=n, K=k, group_size=0, eps=eps), {"weight_format": "q4", "act": act, "out_dtype": "f32"})
     np.testing.assert_allclose(out, y.numpy(), rtol=1e-5, atol=1e-5)
 
@@ -193,7 +193,7 @@ def test_embedding_rows_and_out_of_range_tokens():
     tokens = np.array([3, -1, 9, 10, 0, 4], I32)   # the last one is past n
     out = np.full((7, 8), 5, F16)
     OPS["embedding"](dict(out=out, tokens=tokens, table=table, scales=None, zeros=None, n=5, hidden=8, vocab=10,
-                          group_size=0), {})
+                          group_size=0, scale=1.0), {})
     want = [table[3], np.zeros(8), table[9], np.zeros(8), table[0], np.full(8, 5), np.full(8, 5)]
     np.testing.assert_array_equal(out, np.array(want, F16))
 
@@ -222,7 +222,7 @@ def test_quantized_embedding_rows_match_reference(fmt, gs, asym):
     tokens = np.array([3, -1, 11, 12, 0, 3, 7], I32)   # -1 and 12 out of range; the last one is past n
     out = np.full((7, hidden), 5, F16)
     OPS["embedding"](dict(out=out, tokens=tokens, table=table, scales=scales, zeros=zeros, n=n, hidden=hidden,
-                          vocab=vocab, group_size=gs), {"weight_format": fmt})
+                          vocab=vocab, group_size=gs, scale=1.0), {"weight_format": fmt})
     group = np.arange(hidden) // (gs or hidden)                       # column -> group
     midpoint = 8 if fmt == "q4" else 128
     for i, t in enumerate(tokens[:n]):
@@ -238,7 +238,7 @@ def test_quantized_embedding_rows_match_reference(fmt, gs, asym):
 def test_quantized_embedding_refuses_a_group_size_off_the_8_grid():
     table, scales, zeros, _ = quantized_table("q4", 4, 48, 0, False, seed=0)
     args = dict(out=np.zeros((1, 48), F16), tokens=np.array([1], I32), table=table,
-                scales=np.ones((4, 4), F16), zeros=None, n=1, hidden=48, vocab=4, group_size=12)
+                scales=np.ones((4, 4), F16), zeros=None, n=1, hidden=48, vocab=4, group_size=12, scale=1.0)
     with pytest.raises(ArtifactError, match="group_size"):
         OPS["embedding"](args, {"weight_format": "q4"})
     with pytest.raises(ArtifactError, match="weight_format"):
@@ -270,7 +270,7 @@ def rope_args(table_len: int, mscale: float) -> dict:
     cos, sin = rope_ref(np.arange(table_len), mscale)
     return dict(rope_table=np.stack([cos, sin], -1).astype(F32).reshape(table_len, D // 2, 2),
                 inv_freq=(THETA ** (-np.arange(0, D, 2, dtype=np.float64) / D)).astype(F32),
-                n_heads=NH, n_kv_heads=NKV, head_dim=D, table_len=table_len, max_blocks=MB,
+                n_heads=NH, n_kv_heads=NKV, head_dim=D, table_len=table_len, max_blocks=MB, window=0,
                 scale=1 / math.sqrt(D), mscale=mscale)
 
 
@@ -564,11 +564,11 @@ def tiny_plan(op: str = "embedding") -> tuple[Plan, dict[str, np.ndarray]]:
     launches = (
         Launch(op, "k_emb", (1, 1, 1), (32, 1, 1), 0, node="embed",
                args=_args("embedding", out="buf:x", tokens="buf:io.prompt", table="w:emb", scales=None,
-                          zeros=None, n=4, hidden=16, vocab=10, group_size=0)),
+                          zeros=None, n=4, hidden=16, vocab=10, group_size=0, scale=1.0)),
         Launch("linear", "k_lin", (1, 1, 1), (32, 1, 1), 0, node="head",
                attrs={"weight_format": "q4", "act": "none", "out_dtype": "f32"},
                args=_args("linear", out="buf:y", x="buf:x", weight="w:w", scales="w:s", zeros=None,
-                          norm="w:g", residual=None, addend=None, M=4, N=8, K=16, group_size=0, eps=1e-5)),
+                          norm="w:g", residual=None, addend=None, bias=None, M=4, N=8, K=16, group_size=0, eps=1e-5)),
     )
     return Plan("cpu", 1024, buffers, {"g": GraphPlan("g", 4, launches, "y")}), weights
 
@@ -620,3 +620,99 @@ def test_executor_errors_are_artifact_errors():
         CpuExecutor(plan, {k: v for k, v in weights.items() if k != "g"})
     with pytest.raises(ArtifactError, match="decode"):
         CpuExecutor(plan, weights).replay("decode")
+
+
+# -- the families' ops: windows, norms, biases, GeGLU, the embedding scale ---------------------
+
+def sdpa_window_ref(q, k, v, window: int) -> np.ndarray:
+    """Causal SDPA (float64) where query t sees keys t - window < j <= t."""
+    t = q.shape[0]
+    i = torch.arange(t)
+    mask = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
+    q, k, v = (a.transpose(0, 1)[None] for a in (q, k, v))
+    k, v = (a.repeat_interleave(NH // NKV, dim=1) for a in (k, v))
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1 / math.sqrt(D))
+    return o[0].transpose(0, 1).reshape(t, NH * D).numpy()
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 100])
+def test_attention_windows_in_prefill_and_decode(window):
+    """A local layer: prefill of 37 tokens, then decode of token 37, both against SDPA over the window."""
+    L, t_real, nb = 48, 37, 8
+    gen = np.random.default_rng(window)
+    qkv = gen.standard_normal((L + 1, QKV)).astype(F16)
+    block_table = np.array([[5, 1, 6, 2], [0, 3, 4, 7]], I32)
+    k_cache, v_cache = caches(nb, 8)
+    rope = {**rope_args(64, 1.0), "window": window}
+    out = np.zeros((L, NH * D), F16)
+    OPS["attention_prefill"](dict(out=out, qkv=qkv[:L], k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+                                  slot=np.array([0], I32), n_real=np.array([t_real], I32), L=L, **rope), {})
+    pos = np.arange(t_real + 1)
+    q, k, v = split_ref(np.concatenate([qkv[:t_real], qkv[L:]]))
+    q, k = rotate_ref(q, pos, 1.0), rotate_ref(k, pos, 1.0)
+    want = sdpa_window_ref(q, k, v, window)
+    np.testing.assert_allclose(out[:t_real].astype(np.float64), want[:t_real], rtol=2e-3, atol=2e-3)
+    step = np.zeros((2, NH * D), F16)
+    OPS["attention_decode"](dict(out=step, qkv=np.stack([qkv[L], qkv[L]]), k_cache=k_cache, v_cache=v_cache,
+                                 block_table=block_table, positions=np.array([t_real, 0], I32),
+                                 active=np.array([1, 0], I32), B=2, **rope), {})
+    np.testing.assert_allclose(step[0].astype(np.float64), want[t_real], rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_rms_norm(residual):
+    gen = np.random.default_rng(9)
+    x = (3 * gen.standard_normal((5, 40))).astype(F16)
+    w = (1 + 0.3 * gen.standard_normal(40)).astype(F16)
+    r = gen.standard_normal((5, 40)).astype(F16) if residual else None
+    out = np.full((5, 40), np.nan, F16)
+    OPS["rms_norm"](dict(out=out, x=x, weight=w, residual=r, M=5, hidden=40, eps=1e-6), {})
+    xt = t64(x)
+    want = xt * torch.rsqrt(xt.pow(2).mean(-1, keepdim=True) + 1e-6) * t64(w) + (t64(r) if residual else 0)
+    np.testing.assert_allclose(out.astype(np.float64), want.numpy(), rtol=1e-3, atol=1e-3)
+
+
+def test_qk_norm():
+    m, nh, nkv, d = 3, 4, 2, 32
+    gen = np.random.default_rng(10)
+    qkv = (2 * gen.standard_normal((m, (nh + 2 * nkv) * d))).astype(F16)
+    qn, kn = (1 + 0.3 * gen.standard_normal(d)).astype(F16), gen.standard_normal(d).astype(F16)
+    out = np.full_like(qkv, np.nan)
+    OPS["qk_norm"](dict(out=out, qkv=qkv, q_norm=qn, k_norm=kn, M=m, n_heads=nh, n_kv_heads=nkv, head_dim=d,
+                        eps=1e-6), {})
+    heads = t64(qkv).reshape(m, nh + 2 * nkv, d)
+    normed = heads * torch.rsqrt(heads.pow(2).mean(-1, keepdim=True) + 1e-6)
+    w = torch.cat([t64(qn)[None].expand(nh, d), t64(kn)[None].expand(nkv, d), torch.ones(nkv, d)])
+    want = torch.cat([normed[:, :nh + nkv], heads[:, nh + nkv:]], 1) * w
+    np.testing.assert_allclose(out.reshape(m, -1, d).astype(np.float64), want.numpy(), rtol=1e-3, atol=1e-3)
+    np.testing.assert_array_equal(out[:, (nh + nkv) * d:], qkv[:, (nh + nkv) * d:])   # v copied as it is
+
+
+@pytest.mark.parametrize("act", ["none", "gelu_tanh_mul", "silu_mul"])
+def test_linear_bias_and_gelu(act):
+    m, n, k = 3, 8, 16
+    gen = np.random.default_rng(11)
+    nw = n if act == "none" else 2 * n
+    x, w = gen.standard_normal((m, k)).astype(F16), gen.standard_normal((nw, k)).astype(F16)
+    bias = gen.standard_normal(nw).astype(F16)
+    out = np.full((m, n), np.nan, F32)
+    OPS["linear"](dict(out=out, x=x, weight=w, scales=None, zeros=None, norm=None, residual=None, addend=None,
+                       bias=bias, M=m, N=n, K=k, group_size=0, eps=0.0),
+                  {"weight_format": "f16", "act": act, "out_dtype": "f32"})
+    y = t64(x) @ t64(w).T + t64(bias)
+    if act != "none":
+        gate = F.gelu(y[:, :n], approximate="tanh") if act == "gelu_tanh_mul" else F.silu(y[:, :n])
+        y = gate * y[:, n:]
+    np.testing.assert_allclose(out, y.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_embedding_scale():
+    gen = np.random.default_rng(12)
+    table = gen.standard_normal((10, 8)).astype(F16)
+    tokens = np.array([3, -1, 9], I32)
+    out = np.full((3, 8), np.nan, F16)
+    scale = float(np.float32(math.sqrt(640)))
+    OPS["embedding"](dict(out=out, tokens=tokens, table=table, scales=None, zeros=None, n=3, hidden=8, vocab=10,
+                          group_size=0, scale=scale), {})
+    np.testing.assert_array_equal(out[0], (table[3].astype(np.float64) * scale).astype(F16))
+    assert not out[1].any()

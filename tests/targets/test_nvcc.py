@@ -157,3 +157,19 @@ def test_traced_cubin_holds_the_records_and_the_plain_one_does_not():
     assert b"grokc_trace" not in plain
     for sym in TRACED:
         assert sym.encode() + b"\0" in traced
+
+
+# The kernels the model families added (GeGLU epilogues, the norms, windowed and head_dim 256
+# attention, the scaled embedding), on every arch: they must compile wherever a plan may run them.
+FAMILY_KERNELS = ["linear_gemv2_q4_gelu_f16_r2k4w1d2p1n0b0", "linear_gemv_q4_gelu_f16_m16k4r2u4b0",
+                  "linear_gemm_f16_gelu_f16_m64n64w2x2s3b0", "linear_ref_q8_gelu_f32", "rms_norm_rows",
+                  "qk_norm_heads", "embedding_v8", "embedding_q4_w1", "attn_prefill_ref", "attn_decode_ref",
+                  "attn_prefill_mma_d128_n32", "attn_decode_mma_d128_w4_s4_c1"]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", list(TARGETS))
+def test_family_kernels_compile(arch: str):
+    target = get_target(arch)
+    got = kernels_file.read(build_kernels(FAMILY_KERNELS, target))
+    assert got.symbols == set(FAMILY_KERNELS) and got.sass_archs == (target.sm,)
