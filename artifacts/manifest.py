@@ -15,11 +15,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from grokc.abi.synthetic import SyntheticTensor
+from grokc.artifacts.manifest_checks import check_manifest
 from grokc.core.config import ModelConfig
 from grokc.core.errors import ArtifactError
 from grokc.core.meta import QuantInfo, RopeTable, Shapes
 
 FORMAT_VERSION = 3
+MAX_MANIFEST_BYTES = 64 << 20   # a real manifest is a few kB (a synthetic 70B one under 1 MB)
 
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
@@ -163,23 +165,29 @@ class Manifest:
     def from_bytes(cls, raw: bytes) -> "Manifest":
         try:
             body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise ArtifactError(f"{MANIFEST} is corrupt (not valid JSON); rebuild the artifact") from None
         if not isinstance(body, dict) or "format_version" not in body:
             raise ArtifactError(f"{MANIFEST} is not a grokc manifest; rebuild the artifact")
-        if body["format_version"] != FORMAT_VERSION:
+        if type(body["format_version"]) is not int or body["format_version"] != FORMAT_VERSION:
             raise ArtifactError(
-                f"artifact format {body['format_version']} is not the format {FORMAT_VERSION} this grokc reads; "
-                "rebuild it with this grokc version"
+                f"artifact format {str(body['format_version'])[:20]} is not the format {FORMAT_VERSION} this grokc "
+                "reads; rebuild it with this grokc version"
             )
         claimed = body.pop("manifest_sha256", None)
-        if claimed != _digest(body):
+        try:
+            digest = _digest(body)
+        except RecursionError:
+            digest = None
+        if digest is None or claimed != digest:
             raise ArtifactError(f"{MANIFEST} was modified after the build (its checksum does not match); rebuild the artifact")
         try:
-            return cls.from_json(body)
+            manifest = cls.from_json(body)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ArtifactError(f"{MANIFEST} does not describe a grokc artifact ({type(e).__name__}: {e}); "
-                                "rebuild the artifact") from None
+            raise ArtifactError(f"{MANIFEST} does not describe a grokc artifact ({type(e).__name__}: "
+                                f"{str(e)[:200]}); rebuild the artifact") from None
+        check_manifest(manifest, MANIFEST)
+        return manifest
 
 
 def _digest(body: dict) -> str:

@@ -17,10 +17,13 @@ executor runs the same launches with numpy. Nothing here knows about torch or th
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from grokc.abi.ops import KERNEL_ABI, ArgKind
+from grokc.artifacts.field_types import check_field_types
+from grokc.core.errors import ArtifactError
+from grokc.core.meta import Shapes
 
 
 class BufferKind(enum.Enum):
@@ -121,26 +124,14 @@ class Plan:
     buffers: dict[str, Buffer]
     graphs: dict[str, GraphPlan]
 
-    def validate(self) -> None:
-        """Internal consistency: every launch matches the ABI and references known buffers."""
-        for g in self.graphs.values():
-            for launch in g.launches:
-                params = KERNEL_ABI[launch.op]
-                got = tuple(a.param for a in launch.args)
-                want = tuple(p.name for p in params)
-                if got != want:
-                    raise ValueError(f"{g.name}/{launch.node}: args {got} != ABI {want}")
-                for p, a in zip(params, launch.args):
-                    if p.kind is ArgKind.PTR:
-                        if a.buffer is None and a.weight is None and not p.optional:
-                            raise ValueError(f"{g.name}/{launch.node}: {p.name} must not be null")
-                        if a.buffer is not None and a.buffer not in self.buffers:
-                            raise ValueError(f"{g.name}/{launch.node}: unknown buffer {a.buffer}")
-                    elif a.value is None:
-                        raise ValueError(f"{g.name}/{launch.node}: scalar {p.name} has no value")
-        end = max((b.offset + b.nbytes for b in self.buffers.values()), default=0)
-        if end > self.arena_bytes:
-            raise ValueError(f"buffers end at {end} past the arena ({self.arena_bytes} bytes)")
+    def validate(self, *, weights: Mapping[str, Any] | None = None, shapes: Shapes | None = None,
+                 vocab: int | None = None, kernels: frozenset[str] | None = None) -> None:
+        """Raise ``ArtifactError`` unless the plan is safe to bind: ``artifacts/plan_checks.py`` says what
+        is checked; each argument given (weights' dtypes and shapes, the manifest's shapes and
+        vocabulary, the kernels file's symbols) is checked against too."""
+        from grokc.artifacts.plan_checks import check_plan
+
+        check_plan(self, f"the {self.arch} plan", weights=weights, shapes=shapes, vocab=vocab, kernels=kernels)
 
     # -- JSON ---------------------------------------------------------------------------------
     def to_json(self) -> dict:
@@ -169,7 +160,19 @@ class Plan:
         }
 
     @classmethod
-    def from_json(cls, d: dict) -> "Plan":
+    def from_json(cls, d: Any) -> "Plan":
+        """The plan of ``plan.json``'s parsed JSON; ``ArtifactError`` when it is not one (every field of
+        its declared type; ``validate`` checks what the values mean)."""
+        try:
+            plan = cls._from_json(d)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ArtifactError(f"plan.json does not describe a grokc plan ({type(e).__name__}: {str(e)[:200]}); "
+                                "rebuild the artifact") from None
+        check_field_types(plan, "plan.json")
+        return plan
+
+    @classmethod
+    def _from_json(cls, d: dict) -> "Plan":
         buffers = {
             name: Buffer(name, BufferKind(b["kind"]), b["dtype"], tuple(b["shape"]), b["offset"])
             for name, b in d["buffers"].items()

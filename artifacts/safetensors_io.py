@@ -65,7 +65,7 @@ def _header(data: np.ndarray, name: str) -> tuple[dict[str, tuple[Any, tuple[int
         if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
             raise bad(f"tensor '{tensor}' has no dtype, shape and data_offsets")
         dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-        if dtype not in _DTYPES:
+        if not isinstance(dtype, str) or dtype not in _DTYPES:
             raise bad(f"tensor '{tensor}' has dtype {dtype!r}")
         if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
             raise bad(f"tensor '{tensor}' has shape {shape!r}")

@@ -7,21 +7,53 @@ everything).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import json
+import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from grokc.core.errors import GrokcError
+
+# The click that typer runs on (its own vendored copy in typer >= 0.26, the click package before).
+_click_errors = sys.modules[typer.BadParameter.__module__]
+
+
+@contextlib.contextmanager
+def _usage_errors_on_one_line():
+    """Click's usage errors (an unknown option, ``--batch abc``, a missing argument) as one line
+    ``grokc: error: ...`` and exit status 2; ``grokc`` alone still prints the help."""
+    try:
+        yield
+    except getattr(_click_errors, "NoArgsIsHelpError", ()):
+        raise
+    except _click_errors.UsageError as e:
+        where = e.ctx.command_path if e.ctx is not None else "grokc"
+        typer.echo(f"grokc: error: {_one_line(e.format_message()).rstrip('.')}; see '{where} --help'", err=True)
+        raise typer.Exit(2) from None
+
+
+class _Group(TyperGroup):
+    def make_context(self, *args, **kwargs):
+        with _usage_errors_on_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx):
+        with _usage_errors_on_one_line():
+            return super().invoke(ctx)
+
 
 app = typer.Typer(
     help="grokc: compile a Llama-family model ahead of time into a GPU artifact, and run it.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=_Group,
 )
 
 DEBUG = {"on": False}
@@ -36,9 +68,13 @@ def _user_errors(command):
         except GrokcError as e:
             if DEBUG["on"]:
                 raise
-            typer.echo(f"grokc: error: {e}", err=True)
+            typer.echo(f"grokc: error: {_one_line(str(e))}", err=True)
             raise typer.Exit(code=1)
     return wrapper
+
+
+def _one_line(text: str) -> str:
+    return text.strip().replace("\r", "\\r").replace("\n", "\\n")
 
 
 # What each optional part needs beyond the base install, by the extra that installs it (pyproject.toml).
@@ -91,6 +127,7 @@ def _main(debug: bool = typer.Option(False, "--debug", help="Full tracebacks; ve
 @app.command()
 @_user_errors
 def build(
+    ctx: typer.Context,
     model: Path = typer.Argument(..., help="A .gguf file, a Hugging Face folder (config.json + *.safetensors + tokenizer.json), an .onnx file (torch.onnx.export or onnxruntime-genai's model builder) or a torch.export .pt2 file."),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="ONNX and .pt2 models: a tokenizer.json or the Hugging Face folder holding one (default: the tokenizer.json beside MODEL)."),
     arch: List[str] = typer.Option(["sm90"], "--arch", help="GPU architecture to build for; repeat for several (sm80, sm86, sm89, sm90, sm100, sm120)."),
@@ -114,6 +151,7 @@ def build(
     buckets: str = typer.Option("128,512", "--buckets", help="Prompt lengths to compile prefill graphs for; a prompt is padded to the smallest that holds it."),
     max_seq: int = typer.Option(2048, "--max-seq", help="Longest sequence (prompt + generated tokens) a slot can hold."),
     kv_blocks: int = typer.Option(0, "--kv-blocks", help="KV-cache blocks of 16 tokens shared by all slots; 0 = batch * max-seq / 16."),
+    max_memory: str = typer.Option("64GiB", "--max-memory", help="Refuse a build whose arena (KV cache, buffers) and weights take more device memory than this, e.g. 64GiB, 80G, 500MB."),
     deterministic: bool = typer.Option(False, "--deterministic", help="Replay-deterministic, batch-invariant decode: a request's logits are bitwise the same whatever else is batched and run after run (one decode graph at --batch, no kernels that sum in any order; slower when few slots are busy)."),
     synthetic_weights: bool = typer.Option(False, "--synthetic-weights", help="MODEL is a Hugging Face config.json: store a seeded weight spec the runner fills on the GPU (for speed work; the text is noise)."),
     seed: int = typer.Option(0, "--seed", help="Seed of --synthetic-weights."),
@@ -124,7 +162,17 @@ def build(
     from grokc.compiler.build import BuildOptions
     from grokc.compiler.build import build as run_build
     from grokc.compiler.calibrate import CalibrationOptions
+    from grokc.compiler.memory_budget import parse_size
+    from grokc.quant.recipe import QUANT
 
+    given = [f"--{n.replace('_', '-')}" for n in ("calib_samples", "calib_tokens", "calib_seed", "sequential", "seed")
+             if getattr(ctx.get_parameter_source(n), "name", "") == "COMMANDLINE"]
+    unused = [g for g in given if g != "--seed" and quant in QUANT and not QUANT[quant].calibrated]
+    if unused:
+        raise GrokcError(f"{unused[0]} sets calibration, but --quant {quant} is not calibrated; drop it or choose "
+                         "a calibrated recipe (int4, int4-g128, int4-g64)")
+    if "--seed" in given and not synthetic_weights:
+        raise GrokcError("--seed seeds --synthetic-weights; drop it or add --synthetic-weights")
     opts = BuildOptions(archs=tuple(arch), quant=quant, group_size=group_size, symmetric=symmetric, lm_head=lm_head,
                         embeddings=embeddings,
                         fp16_residual=None if fp16_residual is None else _fraction(fp16_residual, "--fp16-residual"),
@@ -134,7 +182,8 @@ def build(
                         calibration=CalibrationOptions(calib_samples, calib_tokens, calib_seed, sequential, tuple(calib_text)),
                         quality_tokens=0 if synthetic_weights else quality_tokens, quality_context=quality_context,
                         eval_texts=tuple(eval_text),
-                        max_ppl_increase=None if max_ppl_increase is None else _fraction(max_ppl_increase, "--max-ppl-increase"))
+                        max_ppl_increase=None if max_ppl_increase is None else _fraction(max_ppl_increase, "--max-ppl-increase"),
+                        max_memory=parse_size(max_memory))
     out = out or Path("dist") / model.stem.split(".")[0]
     manifest = run_build(model, out, opts, progress=_progress, tokenizer=tokenizer)
     if as_json:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from grokc.abi.synthetic import SyntheticTensor
-from grokc.artifacts import store
+from grokc.artifacts import output_dir, store
 from grokc.artifacts.manifest import (
     TOKENIZER,
     WEIGHTS,
@@ -30,9 +30,10 @@ from grokc.artifacts.manifest import (
     plan_file,
 )
 from grokc.artifacts.plan import Plan
-from grokc.compiler import __version__, quality, synthetic_weights
+from grokc.compiler import __version__, memory_budget, quality, synthetic_weights
 from grokc.compiler.calibrate import CalibrationOptions, calibrate
-from grokc.compiler.frontends import LoadedModel, load_model
+from grokc.compiler.frontends import LoadedModel, check_finite, load_model
+from grokc.compiler.frontends.config_checks import check_tokenizer
 from grokc.compiler.frontends.synthetic import load_config
 from grokc.compiler.lower import lower
 from grokc.compiler.pipeline import CompileOptions, run_passes, shared_passes, target_passes
@@ -69,6 +70,7 @@ class BuildOptions:
     quality_context: int = 512
     max_ppl_increase: float | None = None  # fail when perplexity rises by more than this fraction on a genre
     eval_texts: tuple[Path, ...] = ()  # --eval-text: the user's files (or folders), reported beside the shipped genres
+    max_memory: int = memory_budget.DEFAULT_BUDGET  # device bytes the arena and weights of one plan may take
 
     def __post_init__(self) -> None:
         if self.quality_tokens < 0 or self.quality_context < 2:
@@ -81,6 +83,8 @@ class BuildOptions:
             raise BuildOptionError("--max-ppl-increase needs the quality report; set --quality-tokens above 0")
         if self.max_ppl_increase is not None and self.max_ppl_increase < 0:
             raise BuildOptionError(f"--max-ppl-increase {self.max_ppl_increase:.1%} must not be negative")
+        if self.max_memory <= 0:
+            raise BuildOptionError(f"--max-memory {self.max_memory} must be a positive size such as 64GiB")
         if self.eval_texts and not self.quality_tokens:
             raise BuildOptionError("--eval-text is read by the quality report; set --quality-tokens above 0")
 
@@ -94,6 +98,7 @@ class BuildOptions:
                      "lm_head": _WEIGHT_FORMATS.get(self.lm_head), "fp16_residual": self.fp16_residual,
                      "embeddings": _WEIGHT_FORMATS.get(self.embeddings)}
         recipe = replace(QUANT[self.quant], **{k: v for k, v in overrides.items() if v is not None})
+        _refuse_unused(self, recipe)
         shapes = StaticShapes(self.batch, tuple(self.buckets), self.max_seq, self.kv_blocks, self.deterministic)
         return CompileOptions(shapes, recipe)
 
@@ -107,25 +112,49 @@ class BuildOptions:
 _WEIGHT_FORMATS = {"fp16": WeightFormat.F16, "int8": WeightFormat.Q8, "int4": WeightFormat.Q4}
 
 
+def _refuse_unused(opts: BuildOptions, recipe: QuantRecipe) -> None:
+    """Refuse an override that the chosen formats would ignore (a manifest must not record a setting
+    that shaped nothing)."""
+    int4 = WeightFormat.Q4 in (recipe.weight_format, recipe.lm_head, recipe.embeddings)
+    coded = int4 or recipe.lm_head is WeightFormat.Q8
+    if opts.group_size is not None and not int4:
+        raise BuildOptionError(f"--group-size {opts.group_size} sets int4 scale groups, but --quant {opts.quant} with "
+                               f"this --lm-head and --embeddings stores no int4 weights; drop --group-size or choose "
+                               "an int4 recipe, --lm-head int4 or --embeddings int4")
+    if opts.symmetric is not None and not coded:
+        flag = "--symmetric" if opts.symmetric else "--asymmetric"
+        raise BuildOptionError(f"{flag} sets how int4 codes (and an int8 LM head's) are stored, but --quant "
+                               f"{opts.quant} stores none; drop {flag} or choose an int4 recipe or --lm-head int8")
+
+
 def build(model_path: str | Path, out: str | Path, opts: BuildOptions, progress: Progress = lambda s: None,
           tokenizer: str | Path | None = None) -> Manifest:
     """Build the artifact for ``model_path`` into ``out`` and return its manifest (``tokenizer``: for
     ONNX and torch.export models, see ``load_model``)."""
-    opts.targets   # refuse a bad --arch before any work
+    opts.targets   # refuse a bad --arch, option or output folder before any work
     opts.compile_options()
+    output_dir.check_output(Path(out), protect=(Path(model_path),))
     progress(f"loading {Path(model_path).name}")
     if opts.synthetic_seed is not None:
         loaded = load_config(model_path, opts.synthetic_seed)
     else:
         loaded = load_model(model_path, progress=progress, tokenizer=tokenizer)
-    return build_loaded(loaded, out, opts, progress)
+    return build_loaded(loaded, out, opts, progress, source=Path(model_path))
 
 
-def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progress: Progress = lambda s: None) -> Manifest:
-    """Build the artifact of an already loaded model into ``out``."""
+def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progress: Progress = lambda s: None,
+                 source: Path | None = None) -> Manifest:
+    """Build the artifact of an already loaded model into ``out`` (never over ``source``, the model's path)."""
+    protect = () if source is None else (source,)
+    output_dir.check_output(Path(out), protect)
     targets = opts.targets
     t0 = time.perf_counter()
     copts = opts.compile_options()
+    memory_budget.check_kv(loaded.config, copts.shapes, opts.max_memory)
+    model = "the model" if source is None else f"'{source}'"
+    check_tokenizer(loaded.tokenizer_json, loaded.config.vocab_size, model)
+    if loaded.synthetic_seed is None:
+        check_finite(loaded.weights, model)
     held_out = _held_out(loaded, opts) if opts.quality_tokens and loaded.synthetic_seed is None else None
     compiled: dict[str, tuple[list[str], bytes]] = {}  # arch -> (kernels, binary) compiled ahead
     if loaded.synthetic_seed is not None:
@@ -150,6 +179,7 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
         progress("every int4 weight is carried from the source's own blocks: no calibration")
         copts = replace(copts, quant=copts.quant.uncalibrated())
     module = compile_loaded(loaded, copts, opts.check_ir, progress)
+    check_finite(module.params, "the stored weights (the float16 range is +-65504)")
     if held_out is not None:
         module = _quality_gate(loaded, module, opts, held_out, progress)
     synthetic = {} if loaded.synthetic_seed is None else synthetic_weights.specs(module.params, loaded.synthetic_seed)
@@ -158,6 +188,8 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
         progress(f"passes and lowering for {target.name}")
         module_t = run_passes(module, target_passes(target), opts.check_ir)
         plan = lower(module_t, target)
+        progress(memory_budget.check_plan(plan, memory_budget.weight_bytes(module.params),
+                                          memory_budget.kv_bytes(loaded.config, copts.shapes), opts.max_memory))
         if synthetic:  # the fills run first: lowering's own init launches (pack_mlp_tiles) read the weights
             init = synthetic_weights.init_graph(synthetic, target)
             lowered = plan.graphs.get("init")
@@ -174,7 +206,7 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
     manifest = _manifest(loaded, module, archs, synthetic)
     progress(f"writing {out}")
     stored = {name: a for name, a in module.params.items() if name not in synthetic}
-    manifest = store.write(Path(out), manifest, plans, binaries, stored, loaded.tokenizer_json)
+    manifest = store.write(Path(out), manifest, plans, binaries, stored, loaded.tokenizer_json, protect)
     progress(f"done in {time.perf_counter() - t0:.1f} s")
     return manifest
 

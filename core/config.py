@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from dataclasses import dataclass
 
 
@@ -48,6 +49,21 @@ class RopeConfig:
     attention_factor: float | None = None  # yarn (None means 0.1 * ln(factor) + 1), longrope (always set)
     short_factor: tuple[float, ...] = ()  # longrope: divisors of the frequencies below original_max_position_embeddings
     long_factor: tuple[float, ...] = ()   # longrope: divisors from there on
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.type, RopeType):
+            raise ValueError(f"rope type {self.type!r} is not one of {', '.join(t.value for t in RopeType)}")
+        _number("rope theta", self.theta, above=1.0)
+        for name in ("factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow"):
+            _number(f"rope {name}", getattr(self, name), above=0.0)
+        if self.attention_factor is not None:
+            _number("rope attention_factor", self.attention_factor, above=0.0)
+        _integer("rope original_max_position_embeddings", self.original_max_position_embeddings, low=0)
+        if self.type in (RopeType.LLAMA3, RopeType.YARN) and self.original_max_position_embeddings < 1:
+            raise ValueError(f"{self.type.value} rope scaling needs original_max_position_embeddings of 1 or more")
+        if self.type is RopeType.LLAMA3 and not self.low_freq_factor < self.high_freq_factor:
+            raise ValueError(f"llama3 rope scaling needs low_freq_factor ({self.low_freq_factor}) below "
+                             f"high_freq_factor ({self.high_freq_factor})")
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
@@ -120,6 +136,17 @@ class ModelConfig:
     rope_local: RopeConfig | None = None   # the local layers' own RoPE (Gemma 3); None: ``rope``
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "max_position_embeddings"):
+            _integer(name, getattr(self, name), low=1)
+        _number("rms_norm_eps", self.rms_norm_eps, above=0.0)
+        if not isinstance(self.rope, RopeConfig) or not isinstance(self.tie_word_embeddings, bool) \
+                or not isinstance(self.architecture, str) or not isinstance(self.eos_token_ids, tuple):
+            raise ValueError("rope, tie_word_embeddings, architecture or eos_token_ids has the wrong type")
+        for token in (*([] if self.bos_token_id is None else [self.bos_token_id]), *self.eos_token_ids):
+            _integer("a bos/eos token id", token, low=0)
+            if token >= self.vocab_size:
+                raise ValueError(f"token id {token} (bos/eos) is outside the vocabulary of {self.vocab_size}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
@@ -168,3 +195,16 @@ class ModelConfig:
                       "local_layers": tuple(d.get("local_layers", ())),
                       "rope_local": None if local is None else RopeConfig.from_json(local),
                       "moe": MoeConfig(**d["moe"]) if d.get("moe") else None})
+
+
+MAX_SIZE = 1 << 24   # any one dimension (vocabulary, hidden, layers, ...): far above any real model
+
+
+def _integer(name: str, value: object, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= MAX_SIZE:
+        raise ValueError(f"{name} is {value!r}; it must be an integer in [{low}, {MAX_SIZE}]")
+
+
+def _number(name: str, value: object, above: float) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= above:
+        raise ValueError(f"{name} is {value!r}; it must be a finite number above {above:g}")

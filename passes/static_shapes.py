@@ -38,6 +38,8 @@ from grokc.passes._graph import rebuild_module
 EOS_IDS = "sampling.eos_ids"
 
 
+MAX_BATCH = 65535   # CUDA's limit on gridDim.y, which the decode attention launch spends on slots
+
 @dataclass(frozen=True)
 class StaticShapes:
     batch: int
@@ -62,8 +64,9 @@ class StaticShapes:
         return self.kv_blocks or self.batch * self.max_blocks_per_seq
 
     def validate(self, context: int) -> None:
-        if self.batch < 1:
-            raise BuildOptionError(f"--batch {self.batch} is invalid; use 1 or more")
+        if not 1 <= self.batch <= MAX_BATCH:
+            raise BuildOptionError(f"--batch {self.batch} is invalid; use 1 to {MAX_BATCH} (a decode launch's grid "
+                                   "has one row of blocks per slot)")
         if not self.buckets or list(self.buckets) != sorted(set(self.buckets)) or self.buckets[0] < 1:
             raise BuildOptionError(f"--buckets {','.join(map(str, self.buckets))} must be increasing positive lengths")
         if self.max_seq > context:

@@ -31,7 +31,7 @@ from grokc.abi.ops import KERNEL_ABI, KV_BLOCK_SIZE, ArgKind
 from grokc.abi.rng import uniform
 from grokc.abi.synthetic import Fill, SyntheticTensor, materialize
 from grokc.artifacts.plan import Buffer, Launch, Plan
-from grokc.core.errors import ArtifactError
+from grokc.core.errors import ArtifactError, TargetError
 from grokc.runner.cpu_moe import expert_rows, moe_combine, moe_gather, moe_route
 from grokc.runner.cpu_params import F16, F32, I32, U8
 from grokc.runner.cpu_params import arr as _arr
@@ -437,6 +437,32 @@ _DENSE_OPS = {"linear": linear, "moe_linear": moe_linear}   # ops the executor h
 
 # -- the executor ------------------------------------------------------------------------------
 
+def _host_arena(nbytes: int) -> np.ndarray:
+    """The zeroed host arena, refused in one line when the machine has not the memory for it."""
+    available = _available_host_memory()
+    if available is not None and nbytes > available:
+        raise TargetError(f"the plan's arena needs {nbytes / 2**30:.2f} GiB of host memory but this machine has "
+                          f"{available / 2**30:.2f} GiB available; rebuild with a smaller --batch, --max-seq or "
+                          "--kv-blocks")
+    try:
+        return np.zeros(nbytes, U8)
+    except MemoryError:
+        raise TargetError(f"the plan's arena needs {nbytes / 2**30:.2f} GiB of host memory, more than this machine "
+                          "could allocate; rebuild with a smaller --batch, --max-seq or --kv-blocks") from None
+
+
+def _available_host_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (Linux), else None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 class CpuExecutor:
     """Runs a plan's graphs with numpy in one host arena (the ``runner/executor.py`` protocol).
 
@@ -446,7 +472,7 @@ class CpuExecutor:
 
     def __init__(self, plan: Plan, weights: Mapping[str, np.ndarray]):
         self.plan = plan
-        self._arena = np.zeros(plan.arena_bytes, U8)
+        self._arena = _host_arena(plan.arena_bytes)
         self._buffers = {name: self._view(b) for name, b in plan.buffers.items()}
         self._weights = weights
         self._dense: dict[tuple, np.ndarray] = {}  # linear weights as f32 [NW, K], filled lazily

@@ -2,7 +2,9 @@
 
 At load (``GpuExecutor.__init__``), and never again:
 
-1. check the device is the plan's architecture (``check_device``) and that the memory fits;
+1. check the plan (``Plan.validate`` with the weights and the cubin's symbols: every launch stays
+   inside its buffers and weights, as the CPU executor's reads check as they go), that the device
+   is the plan's architecture (``check_device``) and that the memory fits;
 2. allocate ONE arena of ``plan.arena_bytes`` (zeroed) and ONE weights allocation, every weight at
    a 256-byte aligned offset, and upload the weights;
 3. load the cubin and resolve every launch: its kernel, and its arguments in ``KERNEL_ABI`` order
@@ -66,18 +68,16 @@ class GpuExecutor:
     """Replays a ``Plan``'s graphs on a GPU (see the module docstring)."""
 
     def __init__(self, plan: Plan, weights: Mapping[str, np.ndarray | SyntheticTensor], cubin: bytes, ordinal: int = 0):
-        try:
-            plan.validate()
-        except ValueError as exc:
-            raise ArtifactError(f"the plan for {plan.arch} is inconsistent ({exc}); "
-                                "rebuild the artifact") from exc
+        # The CPU executor's own reads would catch a launch past its buffers; a kernel would not.
+        kernels = kernels_file.read(cubin, f"the {plan.arch} kernels")
+        plan.validate(weights=weights, kernels=kernels.symbols)
         self.plan = plan
         self.ctx = cd.Context(ordinal)
         self._handles: list[Any] = []  # everything to free on close, in creation order
         self._pending: list[np.ndarray] = []  # host copies of queued writes, kept until a sync
         try:
             major, minor = self.ctx.compute_capability
-            ptx = bool(kernels_file.read(cubin, f"the {plan.arch} kernels").ptx_archs)
+            ptx = bool(kernels.ptx_archs)
             if pick_arch(major, minor, {plan.arch: ptx}) != plan.arch:
                 raise TargetError(f"the {plan.arch} plan cannot run on GPU {ordinal} ({self.ctx.name}, compute "
                                   f"capability {major}.{minor}); rebuild with --arch sm{major}{minor}")

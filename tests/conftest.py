@@ -149,6 +149,20 @@ def every_weights_file_opens_with_safetensors():
     store.write = write
 
 
+@pytest.fixture(scope="session")
+def tiny_artifact(tmp_path_factory):
+    """A tiny random Llama (tests/tiny_llama.py) built once: fp16, sm90, batch 2, buckets 16 and 32,
+    max_seq 64. Read-only: tests that change it work on a copy (``shutil.copytree``)."""
+    from tiny_llama import tiny_loaded
+
+    from grokc.compiler.build import BuildOptions, build_loaded
+
+    out = tmp_path_factory.mktemp("tiny_artifact") / "fp16"
+    build_loaded(tiny_loaded(seed=0), out, BuildOptions(quant="fp16", archs=("sm90",), batch=2, buckets=(16, 32),
+                                                        max_seq=64))
+    return out
+
+
 TINY_CHAT_TEMPLATE = ("{% for m in messages %}{{ 't10' if m['role'] == 'user' else 't11' }} {{ m['content'] }} "
                       "{% endfor %}{% if add_generation_prompt %}t12{% endif %}")
 

@@ -83,6 +83,15 @@ def check_weight_shapes(weights: Mapping[str, np.ndarray], config: ModelConfig, 
             )
 
 
+def check_finite(weights: Mapping[str, np.ndarray], source: str) -> None:
+    """Raise ``UnsupportedModel`` naming the first floating-point weight that holds a NaN or an infinity."""
+    for name, w in weights.items():
+        if np.issubdtype(w.dtype, np.floating) and not np.isfinite(w).all():
+            bad = int(w.size - np.count_nonzero(np.isfinite(w)))
+            raise UnsupportedModel(f"weight {name!r} of {source} holds {bad} NaN or infinite values; the "
+                                   "checkpoint is corrupt or overflows, so re-export or rescale the model")
+
+
 def frozen_fp32(array: np.ndarray) -> np.ndarray:
     """``array`` as an owned float32, C-contiguous, read-only array (copies unless already one)."""
     out = np.array(array, dtype=np.float32, order="C", copy=True)

@@ -34,6 +34,7 @@ import numpy as np
 
 from grokc.compiler import models
 from grokc.compiler.frontends import LoadedModel, file_sha256, frozen_fp32
+from grokc.compiler.frontends.config_checks import check_gguf_metadata
 from grokc.compiler.frontends.gguf_tokenizer import build_tokenizer_json
 from grokc.compiler.models.architecture import Architecture
 from grokc.core.config import ModelConfig, RopeConfig, RopeType
@@ -194,6 +195,7 @@ def _check_tensor_names(arch: Architecture, tensors: dict[str, Any], expected: d
 def _config_from_metadata(arch: Architecture, metadata: dict[str, Any], tensors: dict[str, Any],
                           path: Path) -> ModelConfig:
     prefix = arch.gguf_arch
+    check_gguf_metadata(metadata, prefix, f"GGUF '{path.name}'")
 
     def key(name: str, default: Any = ...) -> Any:
         full = f"{prefix}.{name}"

@@ -115,8 +115,21 @@ def build_tokenizer_json(metadata: Mapping[str, Any], sentencepiece: SentencePie
     Raises
     ------
     UnsupportedModel
-        The vocabulary is neither byte-level BPE nor SentencePiece, or its tokens (merges, scores) are missing.
+        The vocabulary is neither byte-level BPE nor SentencePiece, its tokens (merges, scores) are missing,
+        or the ``tokenizers`` library refuses what they describe (merges of unknown tokens, special ids
+        past the vocabulary).
     """
+    try:
+        return _build_tokenizer_json(metadata, sentencepiece)
+    except UnsupportedModel:
+        raise
+    except Exception as exc:  # the tokenizers library raises its own exception types on a bad vocabulary
+        detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise UnsupportedModel(f"GGUF tokenizer metadata does not describe a usable tokenizer ({detail}); "
+                               "re-export the file") from None
+
+
+def _build_tokenizer_json(metadata: Mapping[str, Any], sentencepiece: SentencePiece) -> str:
     kind = metadata.get("tokenizer.ggml.model")
     if kind == "llama":
         return _sentencepiece(metadata, sentencepiece).to_str()

@@ -35,6 +35,7 @@ from safetensors import safe_open
 
 from grokc.compiler import models
 from grokc.compiler.frontends import LoadedModel, check_weight_shapes, file_sha256
+from grokc.compiler.frontends.config_checks import check_hf_config, check_hf_index
 from grokc.compiler.models.hf_keys import rope_from_hf, rope_params
 from grokc.core.config import ModelConfig, RopeConfig
 from grokc.core.errors import UnsupportedModel
@@ -75,7 +76,9 @@ def safetensors_files(folder: Path) -> list[str]:
     """The weight files: those of ``model.safetensors.index.json``, else every ``*.safetensors``."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(_read_json(index).get("weight_map", {}).values()))
+        raw = _read_json(index)
+        check_hf_index(raw, f"'{index}'")
+        files = sorted(set(raw.get("weight_map", {}).values()))
     else:
         files = sorted(p.name for p in folder.glob("*.safetensors"))
     if not files:
@@ -104,6 +107,7 @@ def folder_sha256(folder: Path, files: list[str] | None = None) -> str:
 def config_from_hf(raw: dict[str, Any], folder: Path, generation: dict[str, Any] | None = None) -> ModelConfig:
     """``ModelConfig`` from a Hugging Face ``config.json`` dict, refusing what grokc cannot compile."""
     where = f"config.json in '{folder}'"
+    check_hf_config(raw, generation, where)
     arch = models.for_hf(raw.get("model_type"), where)
     classes = raw.get("architectures") or []
     if any(c not in arch.hf_classes for c in classes):
@@ -118,19 +122,19 @@ def config_from_hf(raw: dict[str, Any], folder: Path, generation: dict[str, Any]
     bos = raw.get("bos_token_id")
     try:
         extra = arch.hf_config(raw, where)
-        hidden = int(raw["hidden_size"])
-        heads = int(raw["num_attention_heads"])
+        hidden = _required(raw, "hidden_size")
+        heads = _required(raw, "num_attention_heads")
         fields = dict(
-            vocab_size=int(raw["vocab_size"]),
+            vocab_size=_required(raw, "vocab_size"),
             hidden_size=hidden,
-            intermediate_size=int(raw["intermediate_size"]),
-            num_layers=int(raw["num_hidden_layers"]),
+            intermediate_size=_required(raw, "intermediate_size"),
+            num_layers=_required(raw, "num_hidden_layers"),
             num_heads=heads,
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
             head_dim=int(raw.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=1e-6 if raw.get("rms_norm_eps") is None else float(raw["rms_norm_eps"]),
             rope=extra["rope"] if "rope" in extra else _rope_from_hf(raw, where),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            max_position_embeddings=2048 if raw.get("max_position_embeddings") is None else int(raw["max_position_embeddings"]),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             bos_token_id=None if bos is None else int(bos),
             eos_token_ids=tuple(dict.fromkeys(eos)),
@@ -141,6 +145,13 @@ def config_from_hf(raw: dict[str, Any], folder: Path, generation: dict[str, Any]
         raise UnsupportedModel(f"{where} lacks {exc.args[0]!r}, which every {arch.name} config has; re-export the model") from exc
     except ValueError as exc:  # ModelConfig's own consistency checks
         raise UnsupportedModel(f"{where} describes an inconsistent {arch.name} model: {exc}") from exc
+
+
+def _required(raw: dict[str, Any], key: str) -> int:
+    """An integer key every config has (``check_hf_config`` checked its type); KeyError when absent or null."""
+    if raw.get(key) is None:
+        raise KeyError(key)
+    return int(raw[key])
 
 
 def _rope_from_hf(raw: dict[str, Any], where: str) -> RopeConfig:
