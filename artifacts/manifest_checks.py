@@ -34,7 +34,8 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 # MB): a manifest cannot make a reader hash or parse more than this.
 MAX_FILE_BYTES = {"plan": 1 << 30, "kernels": 1 << 31, "tokenizer": 1 << 30, "weights": 1 << 42}
 WEIGHT_FORMATS = ("f16", "q8", "q4")
-QUALITY_NUMBERS = ("ppl_reference", "ppl_artifact", "ppl_increase", "top1_agreement", "kl_mean", "tokens")
+# The numbers of each genre of a build's quality report (compiler/quality.py's build_report).
+QUALITY_NUMBERS = ("ppl_reference", "ppl_artifact", "ppl_increase", "top1_agreement", "kl_mean", "positions")
 
 
 def check_manifest(m: "Manifest", where: str) -> None:
@@ -112,6 +113,11 @@ def _check_quant(recipe: Mapping[str, Any], quality: Mapping[str, Any] | None, b
     if type(residual) not in (int, float) or not 0 <= residual <= 1:
         raise bad(f"has quant.fp16_residual = {residual!r}")
     if quality is not None:
-        for key in QUALITY_NUMBERS:
-            if type(quality.get(key)) not in (int, float):
-                raise bad(f"has a quality report whose {key} is {quality.get(key)!r}, not a number")
+        genres = quality.get("genres")
+        if type(quality.get("tokens")) is not int or not isinstance(genres, dict) or not genres:
+            raise bad(f"has a quality report with tokens {quality.get('tokens')!r} and genres {genres!r}")
+        for genre, report in genres.items():
+            for key in QUALITY_NUMBERS:
+                value = report.get(key) if isinstance(report, dict) else None
+                if type(value) not in (int, float):
+                    raise bad(f"has a quality report whose {genre} {key} is {value!r}, not a number")

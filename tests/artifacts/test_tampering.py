@@ -132,6 +132,8 @@ def test_files_the_manifest_does_not_name_are_refused(art):
     (lambda b: b["tokenizer"].update(eos_token_ids=[10**9]), "10000000"),
     (lambda b: b["shapes"].update(kv_blocks=1), "KV blocks"),
     (lambda b: b.pop("rope"), "rope"),
+    (lambda b: b["quant"].update(quality={"tokens": 8, "genres": {"news": {"kl_mean": "low"}}}), "news ppl_reference"),
+    (lambda b: b["quant"].update(quality={"tokens": 8, "ppl_reference": 1.0}), "genres"),
 ])
 def test_manifest_fields_of_the_wrong_type_or_range_are_refused(art, edit, fragment):
     rehash(art, edit)
