@@ -12,5 +12,5 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 . scripts/device_env.sh
 python3 -c 'import torch, sys; print(sys.version, torch.__version__, torch.cuda.get_device_name())' > "$OUT/env.txt" 2>&1
 args=("$@"); [[ $# -eq 0 ]] && args=(tests/gpu)
-python3 -m pytest -m gpu -q -p no:cacheprovider -rfEsx --timeout 300 \
+timeout -k 10 "${TEST_TIMEOUT:-3600}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfEsx --timeout 300 \
   --junitxml="$OUT/gpu-suite.xml" "${args[@]}" 2>&1 | tee "$OUT/gpu-suite.log" | tail -60

@@ -1,0 +1,81 @@
+"""Recipes' perplexity per held-out genre without building: a quick comparison on a slow machine.
+
+The model's linears are replaced in memory by what ``quant.weights.dequantized_weight`` stores for
+each recipe (the quantize pass's own numerics; the LM head, embeddings and norms left in f32), and
+grokc's float32 torch model (``compiler.quality``, as the build report) measures each shipped
+evaluation genre against the unquantized model. Differences from a build: one set of calibration
+statistics for every recipe, from the unquantized model (``--no-sequential``; ``--calib-samples``
+windows of the shipped mix), and no f16 rounding of norms. The statistics are cached in ``--cache``.
+
+    python bench/probes/quant_sweep.py MODEL.gguf int4 int4-g64 int4+res0.005 [--tokens 2048] [--calib-samples 8]
+
+Prints one JSON line per recipe: per genre (perplexity, increase in %, mean KL) and the worst.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from grokc.compiler.calibrate import CalibrationOptions, calibrate
+from grokc.compiler.frontends import load_model
+from grokc.compiler.quality import combine, position_stats, reference_logits, reference_model, report_windows
+from grokc.compiler.text import eval_texts
+from grokc.core import tensors as names
+from grokc.quant.recipe import QUANT
+from grokc.quant.weights import dequantized_weight
+
+
+def recipe_of(spec: str):
+    """``NAME`` of the QUANT registry, or ``NAME+resF`` for it with ``--fp16-residual F``."""
+    name, _, res = spec.partition("+res")
+    return replace(QUANT[name], fp16_residual=float(res)) if res else QUANT[name]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", type=Path)
+    ap.add_argument("recipes", nargs="+")
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--calib-samples", type=int, default=8)
+    ap.add_argument("--cache", type=Path, default=Path("/tmp/grokc-sweep-hessians.npz"))
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    t0 = time.time()
+    loaded = load_model(args.model)
+    if args.cache.exists():
+        hess = dict(np.load(args.cache))
+    else:
+        opts = CalibrationOptions(samples=args.calib_samples, sequential=False)
+        hess = dict(calibrate(loaded, QUANT["int4"], opts).hessians)
+        np.savez(args.cache, **hess)
+    texts = eval_texts()
+    wins = report_windows(loaded.tokenizer_json, texts, args.tokens, args.context)
+    ref = reference_model(loaded.config, loaded.weights)
+    ref_logits = {t.name: [reference_logits(ref, w) for w in wins[t.name]] for t in texts}
+    linears = [k for k in loaded.weights if names.input_key(k) in hess and k != names.LM_HEAD]
+    for spec in args.recipes:
+        recipe, t1 = recipe_of(spec), time.time()
+        weights = {k: (dequantized_weight(np.asarray(v, np.float32), recipe, hess[names.input_key(k)])
+                       if k in linears else v) for k, v in loaded.weights.items()}
+        model = reference_model(loaded.config, weights)
+        genres = {}
+        for t in texts:
+            m = combine([position_stats(r, reference_logits(model, w), w) for r, w in zip(ref_logits[t.name], wins[t.name])])
+            genres[t.name] = {"ppl_reference": round(m["ppl_reference"], 3), "ppl": round(m["ppl_artifact"], 3),
+                              "increase_pct": round(100 * m["ppl_increase"], 1), "kl": round(m["kl_mean"], 4)}
+        worst = max(genres, key=lambda g: genres[g]["increase_pct"])
+        print(json.dumps({"recipe": spec, "seconds": round(time.time() - t1), "genres": genres,
+                          "worst": {"genre": worst, "increase_pct": genres[worst]["increase_pct"]}}), flush=True)
+    print(json.dumps({"total_seconds": round(time.time() - t0)}))
+
+
+if __name__ == "__main__":
+    main()
