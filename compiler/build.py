@@ -236,7 +236,7 @@ def compile_loaded(loaded: LoadedModel, copts: CompileOptions, check_ir: bool = 
     else:
         progress("tracing with torch.export")
         module = trace_module(loaded.config, loaded.weights)
-    return run_passes(module, shared_passes(copts), check=check_ir, progress=progress)
+    return run_passes(module, shared_passes(copts, loaded.config.moe is not None), check=check_ir, progress=progress)
 
 
 def _carries_all(loaded: LoadedModel, recipe: QuantRecipe) -> bool:

@@ -22,7 +22,7 @@ embedding table is dequantized before block 0 for the same reason.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from grokc.compiler import calibrate_moe
 from grokc.compiler.frontends import LoadedModel
 from grokc.compiler.quality import reference_model
 from grokc.compiler.text import Text, calibration_texts, user_text
@@ -46,6 +47,7 @@ Quantizer = Callable[[str, np.ndarray, np.ndarray], np.ndarray]  # (weight name,
 # The linears of a block whose input each hook records (the others share these inputs).
 _RECORDED = ("attn_q", "attn_output", "ffn_gate", "ffn_down")
 _LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+_STACKED = (names.Tensor.FFN_GATE_UP_EXPS, names.Tensor.FFN_DOWN_EXPS)   # expert weights: no fp16 residual
 
 
 @dataclass(frozen=True)
@@ -106,19 +108,24 @@ def calibrate(loaded: LoadedModel, recipe: QuantRecipe, opts: CalibrationOptions
     quantize = None
     if opts.sequential:
         def quantize(name: str, w: np.ndarray, h: np.ndarray) -> np.ndarray:
-            return dequantized_weight(w, recipe, h)
+            expert = names.parse(name)[0] in _STACKED   # experts keep no fp16 residual
+            return dequantized_weight(w, replace(recipe, fp16_residual=0.0) if expert else recipe, h)
 
         if recipe.embeddings is not WeightFormat.F16:   # block 0 sees the embedding rows the artifact holds
             table = model.token_embd.weight
             table.copy_(torch.from_numpy(dequantized_embedding(table.numpy(), recipe)))
-    hessians = collect(model, wins, quantize, progress)
-    return Calibration(hessians, opts.to_json(sources, counts))
+    experts: list[calibrate_moe.ExpertStats] = []
+    hessians = collect(model, wins, quantize, progress, experts)
+    info = {**opts.to_json(sources, counts), **({"experts": calibrate_moe.summary(experts)} if experts else {})}
+    return Calibration(hessians, info)
 
 
 @torch.no_grad()
 def collect(model: torch.nn.Module, windows: list[list[int]], quantize: Quantizer | None = None,
-            progress: Progress = lambda s: None) -> dict[str, np.ndarray]:
-    """Mean ``x^T x`` (f32 ``[K, K]``) of every distinct linear input over ``windows``, block by block.
+            progress: Progress = lambda s: None, experts: list | None = None) -> dict[str, np.ndarray]:
+    """Mean ``x^T x`` (f32 ``[K, K]``) of every distinct linear input over ``windows``, block by block,
+    and of each expert's inputs in mixture-of-experts blocks (``calibrate_moe``; their
+    ``ExpertStats`` are appended to ``experts`` when given).
 
     With ``quantize``, each block's linears are replaced by ``quantize(name, W, H)`` once its
     statistics are known, before its outputs feed the next block. ``model`` is modified then.
@@ -131,18 +138,27 @@ def collect(model: torch.nn.Module, windows: list[list[int]], quantize: Quantize
         progress(f"calibrating block {i + 1}/{len(model.blk)}")
         sums: dict[str, torch.Tensor] = {}
         hooks = [getattr(block, kind).register_forward_pre_hook(_accumulate(sums, names.name(names.Tensor(kind), i)))
-                 for kind in _RECORDED]
+                 for kind in _RECORDED if hasattr(block, kind)]
+        stats = calibrate_moe.ExpertStats(block, model.cfg, i) if model.cfg.moe else None
+        if stats is not None:
+            hooks.append(block.ffn_norm.register_forward_hook(stats.hook))
         outputs = [model.forward_block(i, h, p) for h, p in zip(hidden, positions)]
         for hook in hooks:
             hook.remove()
         for key, s in sums.items():
             out[key] = (s / n_tokens).float().numpy()
+        if stats is not None:
+            out.update(stats.hessians())
+            if experts is not None:
+                experts.append(stats)
         if quantize is not None:
-            for kind in _LINEARS:
+            for kind in (k for k in _LINEARS if hasattr(block, k)):
                 name = names.name(names.Tensor(kind), i)
                 linear = getattr(block, kind)
                 deq = quantize(name, linear.weight.numpy(), out[names.input_key(name)])
                 linear.weight.copy_(torch.from_numpy(deq))
+            if stats is not None:
+                stats.quantize(quantize, out)
             outputs = [model.forward_block(i, h, p) for h, p in zip(hidden, positions)]
         hidden = outputs
     sums = {}

@@ -16,6 +16,7 @@ from grokc.artifacts.plan import Arg, Buffer, BufferKind, GraphPlan, Launch, Pla
 from grokc.core.errors import UnsupportedOp
 from grokc.core.ir import AttnMode, DType, Graph, Module, Node, OpKind, TensorType, WeightFormat
 from grokc.core.meta import MemoryPlan
+from grokc.passes.fuse_moe import ROUTING
 from grokc.targets import KernelCall, Target, select
 
 
@@ -178,6 +179,46 @@ def _sample(m: Module, g: Graph, n: Node):
     return "sample", {}, refs, dims
 
 
+def _moe_route(m: Module, g: Graph, n: Node):
+    a = n.attrs
+    refs = {**dict(zip(ROUTING, n.outputs)), "logits": n.inputs["logits"], "n_real": n.inputs.get("n_real")}
+    dims = {"T": g.tensors[n.outputs[0]].shape[0], "n_experts": a.n_experts, "top_k": a.top_k,
+            "n_shared": a.n_shared, "norm_top_k": int(a.norm_top_k), "shared_gate": int(a.shared_gate)}
+    return "moe_route", {}, refs, dims
+
+
+def _stacked(g: Graph, n: Node) -> int:
+    """The experts a MoE launch's ``offsets`` cover (shared chunks included)."""
+    return g.tensors[n.inputs["offsets"]].shape[0] - 1
+
+
+def _moe_gather(m: Module, g: Graph, n: Node):
+    t, s, h = g.tensors[n.outputs[0]].shape
+    refs = {"out": n.outputs[0], **{r: n.inputs.get(r) for r in ("x", "norm", "row_token", "offsets")}}
+    eps = n.attrs.norm_eps
+    return "moe_gather", {}, refs, {"T": t, "R": t * s, "hidden": h, "n_experts": _stacked(g, n),
+                                    "eps": 0.0 if eps is None else eps}
+
+
+def _moe_linear(m: Module, g: Graph, n: Node):
+    a = n.attrs
+    t, s, k = g.tensors[n.inputs["x"]].shape
+    out = g.tensors[n.outputs[0]]
+    q4 = a.weight_format is WeightFormat.Q4
+    refs = {"out": n.outputs[0], "x": n.inputs["x"], "weight": n.inputs["qweight" if q4 else "weight"],
+            **{r: n.inputs.get(r) for r in ("scales", "zeros", "offsets", "active")}}
+    attrs = {"weight_format": a.weight_format.value, "act": a.act.value,
+             "out_dtype": "f32" if out.dtype is DType.F32 else "f16"}
+    return "moe_linear", attrs, refs, {"T": t, "R": t * s, "N": out.shape[2], "K": k, "group_size": a.group_size,
+                                       "n_experts": a.n_experts}
+
+
+def _moe_combine(m: Module, g: Graph, n: Node):
+    t, h = g.tensors[n.outputs[0]].shape
+    refs = {"out": n.outputs[0], **{r: n.inputs.get(r) for r in ("y", "weights", "slot_rows", "residual")}}
+    return "moe_combine", {}, refs, {"T": t, "hidden": h, "S": g.tensors[n.inputs["weights"]].shape[1]}
+
+
 _OPS = {
     OpKind.EMBEDDING: _embedding,
     OpKind.LINEAR: _linear,
@@ -188,4 +229,8 @@ _OPS = {
     OpKind.QK_NORM: _qk_norm,
     OpKind.TAKE_LAST: _take_last,
     OpKind.SAMPLE: _sample,
+    OpKind.MOE_ROUTE: _moe_route,
+    OpKind.MOE_GATHER: _moe_gather,
+    OpKind.MOE_LINEAR: _moe_linear,
+    OpKind.MOE_COMBINE: _moe_combine,
 }

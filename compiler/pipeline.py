@@ -18,8 +18,10 @@ from grokc.passes import (
     fuse_decode_mlp,
     fuse_epilogues,
     fuse_mlp,
+    fuse_moe,
     memory_plan,
     quantize,
+    quantize_moe,
     rope_table,
     sparse_residual,
     static_shapes,
@@ -41,14 +43,18 @@ class CompileOptions:
     calibration: Calibration | None = None  # what a calibrated recipe needs (compiler/calibrate.py)
 
 
-def shared_passes(opts: CompileOptions) -> list[Pass]:
-    """The passes every architecture shares, in order."""
+def shared_passes(opts: CompileOptions, moe: bool = False) -> list[Pass]:
+    """The passes every architecture shares, in order (``moe``: the model has mixture-of-experts layers)."""
     residual = [("sparse_residual", sparse_residual.run)] if opts.quant.fp16_residual else []
+    experts = [("fuse_moe", fuse_moe.run)] if moe else []
+    quantize_experts = [("quantize_moe", lambda m: quantize_moe.run(m, opts.quant, opts.calibration))] if moe else []
     return [
         ("fuse_attention", fuse_attention.run),
         ("fuse_mlp", fuse_mlp.run),
+        *experts,
         ("fuse_epilogues", fuse_epilogues.run),
         ("rope_table", lambda m: rope_table.run(m, RopeTableConfig(length=opts.shapes.max_seq))),
+        *quantize_experts,
         ("quantize", lambda m: quantize.run(m, opts.quant, opts.calibration)),
         ("static_shapes", lambda m: static_shapes.run(m, opts.shapes)),
         *residual,                      # only when asked for: builds without it keep their bytes

@@ -35,7 +35,7 @@ from grokc.core import tensors as names
 from grokc.core.config import ModelConfig
 from grokc.core.errors import ArtifactError
 from grokc.core.ir import Module, Node, OpKind, WeightFormat
-from grokc.passes import sparse_residual
+from grokc.passes import fuse_moe, sparse_residual
 from grokc.quant import residual
 
 Progress = Callable[[str], None]
@@ -63,9 +63,12 @@ def stored_weights(module: Module) -> dict[str, np.ndarray]:
     cfg = module.config
     g = next(iter(module.graphs.values()))
     out: dict[str, np.ndarray] = {}
+    experts: dict[str, np.ndarray] = {}   # MOE_LINEAR weight name -> f32 [E', NW, K]
     for n in g.nodes:
         if n.op is OpKind.EMBEDDING:
             out[n.inputs["table"].rsplit(".", 1)[0] + ".weight"] = _dense_table(module, n)   # token_embd.weight
+        if n.op is OpKind.MOE_LINEAR:
+            experts[n.inputs.get("weight", n.inputs.get("qweight"))] = _dense_experts(module, n)
         if n.op is not OpKind.LINEAR:
             continue
         w = _dense(module, n)
@@ -85,7 +88,21 @@ def stored_weights(module: Module) -> dict[str, np.ndarray]:
         parsed = names.parse(name)
         if parsed is not None and parsed[0].is_norm:
             out[name] = np.asarray(a, np.float32)
+    for layer in range(cfg.num_layers) if cfg.moe else ():
+        base = {k: names.name(k, layer).removesuffix(".weight") for k in (names.Tensor.FFN_GATE_UP_EXPS, names.Tensor.FFN_DOWN_EXPS)}
+        gate_up, down = (next(w for key, w in experts.items() if key.startswith(b + ".")) for b in base.values())
+        out.update(fuse_moe.canonical_weights(layer, out.pop(names.name(names.Tensor.FFN_GATE_INP, layer)), gate_up, down,
+                                              cfg.moe.n_experts, cfg.moe.shared_size))
     return out
+
+
+def _dense_experts(module: Module, n: Node) -> np.ndarray:
+    """f32 ``[E', NW, K]``: a MOE_LINEAR's stacked matrices as the kernels see them."""
+    p, a = module.params, n.attrs
+    if a.weight_format is not WeightFormat.Q4:
+        return np.asarray(p[n.inputs["weight"]], np.float32)
+    q, s, z = p[n.inputs["qweight"]], p[n.inputs["scales"]], p.get(n.inputs.get("zeros", ""))
+    return np.stack([int4.dequantize(q[e], s[e], None if z is None else z[e], a.group_size) for e in range(q.shape[0])])
 
 
 def _dense_table(module: Module, n: Node) -> np.ndarray:

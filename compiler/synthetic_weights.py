@@ -34,10 +34,10 @@ def specs(params: Mapping[str, np.ndarray], seed: int) -> dict[str, SyntheticTen
         if name.endswith((".qweight", ".q8weight")):
             fill, scale = Fill.BYTES, 0.0
         elif name.endswith(".scales") and name.replace(".scales", ".q8weight") in params:
-            k = params[name.replace(".scales", ".q8weight")].shape[1]
+            k = params[name.replace(".scales", ".q8weight")].shape[-1]
             fill, scale = Fill.POSITIVE, 1.0 / (CODE8_STD * np.sqrt(k))
         elif name.endswith(".scales"):
-            k = params[name.replace(".scales", ".qweight")].shape[1] * 2
+            k = params[name.replace(".scales", ".qweight")].shape[-1] * 2   # [.., N, K/2]: stacked experts too
             fill, scale = Fill.POSITIVE, 1.0 / (CODE_STD * np.sqrt(k))
         elif name.endswith(".zeros"):  # the symmetric code: an unbiased grid
             fill, scale = Fill.CONSTANT, 128.0 if name.replace(".zeros", ".q8weight") in params else 8.0

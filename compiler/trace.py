@@ -18,12 +18,14 @@ from grokc.compiler import models
 from grokc.core.config import ModelConfig
 from grokc.core.errors import UnsupportedModel, UnsupportedOp
 from grokc.core.ir import (
+    Act,
     AttentionAttrs,
     DType,
     EmbeddingAttrs,
     Graph,
     LinearAttrs,
     Module,
+    MoeAttrs,
     Node,
     OpKind,
     RmsNormAttrs,
@@ -170,6 +172,19 @@ def _silu(fx, name, a, _):
     return Node(OpKind.SILU, name, {"x": a[0]}, (name,))
 
 
+_MOE_ROLES = ("x", "router", "gate_exps", "up_exps", "down_exps", "shexp_gate", "shexp_up", "shexp_down",
+              "shexp_gate_inp")
+_MOE_ACTS = {"silu": Act.SILU_MUL}
+
+
+def _moe(fx, name, a, _):
+    inputs = {role: src for role, src in zip(_MOE_ROLES, a) if src is not None}
+    top_k, norm_top_k, act = a[len(_MOE_ROLES):]
+    attrs = MoeAttrs(n_experts=int(fx.args[1].meta["val"].shape[0]), top_k=int(top_k), norm_top_k=bool(norm_top_k),
+                     act=_MOE_ACTS[act], shared="shexp_gate" in inputs, shared_gate="shexp_gate_inp" in inputs)
+    return Node(OpKind.MOE, name, inputs, (name,), attrs)
+
+
 def _gelu(fx, name, a, _):
     approximate = fx.kwargs.get("approximate", a[1] if len(a) > 1 else "none")
     if approximate != "tanh":
@@ -188,4 +203,5 @@ _CONVERTERS: dict[object, Converter] = {
     torch.ops.aten.mul.Tensor: _binary(OpKind.MUL),
     torch.ops.aten.silu.default: _silu,
     torch.ops.aten.gelu.default: _gelu,
+    torch.ops.grokc.moe.default: _moe,
 }

@@ -78,6 +78,34 @@ class RopeConfig:
 
 
 @dataclass(frozen=True)
+class MoeConfig:
+    """A mixture-of-experts FFN in place of every layer's MLP (Mixtral, Qwen-MoE, Grok-1).
+
+    Each token's router logits (``x @ router^T``) pick its ``top_k`` experts; each expert is a gated
+    MLP of ``expert_size`` (the family's activation) and the token's FFN output is the sum of the
+    chosen experts' outputs weighted by their softmax probabilities over all ``n_experts``,
+    renormalised to sum to 1 over the chosen ones when ``norm_top_k``. ``shared_size`` > 0 adds a
+    shared expert every token uses, of that intermediate size, scaled by ``sigmoid(x . w)`` when
+    ``shared_gate`` (Qwen2-MoE), else by 1.
+    """
+
+    n_experts: int
+    top_k: int
+    expert_size: int
+    norm_top_k: bool = True
+    shared_size: int = 0
+    shared_gate: bool = False
+
+    def __post_init__(self) -> None:
+        if self.n_experts < 2 or not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"a mixture of experts needs at least 2 experts and 1 <= top_k <= n_experts "
+                             f"(got {self.n_experts} experts, top_k {self.top_k})")
+        if self.expert_size < 1 or self.shared_size < 0 or (self.shared_gate and not self.shared_size):
+            raise ValueError(f"expert size {self.expert_size} must be positive, shared size {self.shared_size} "
+                             "non-negative, and a shared gate needs a shared expert")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Hyper-parameters of a model, named as in Hugging Face's LlamaConfig where it has the field."""
 
@@ -95,6 +123,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     architecture: str = "llama"
+    moe: MoeConfig | None = None           # set: every layer's MLP is a mixture of experts
     # The family's variants of the Llama block (compiler/models/transformer.py reads them).
     qkv_bias: bool = False                 # q, k and v projections add a bias (Qwen2)
     qk_norm: bool = False                  # each q and k head is RMS-normalised before RoPE (Qwen3, Gemma 3)
@@ -164,7 +193,8 @@ class ModelConfig:
         return cls(**{**d, "rope": RopeConfig.from_json(d["rope"]), "eos_token_ids": tuple(d["eos_token_ids"]),
                       "activation": Activation(d.get("activation", Activation.SILU.value)),
                       "local_layers": tuple(d.get("local_layers", ())),
-                      "rope_local": None if local is None else RopeConfig.from_json(local)})
+                      "rope_local": None if local is None else RopeConfig.from_json(local),
+                      "moe": MoeConfig(**d["moe"]) if d.get("moe") else None})
 
 
 MAX_SIZE = 1 << 24   # any one dimension (vocabulary, hidden, layers, ...): far above any real model

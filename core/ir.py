@@ -66,6 +66,7 @@ class OpKind(enum.Enum):
     ADD = "add"                    # a, b                                     -> a + b
     MUL = "mul"                    # a, b                                     -> a * b
     SILU = "silu"                  # x                                        -> x * sigmoid(x)
+    MOE = "moe"                    # x [T, H], router, experts (+ shared)     -> [T, H] (MoeAttrs)
     GELU_TANH = "gelu_tanh"        # x                                        -> tanh-approximated GELU
     # Introduced by passes/fuse_attention.py.
     QK_NORM = "qk_norm"            # qkv [T, (NH+2NKV)*D], q_norm, k_norm [D]  -> same, q and k heads normalised
@@ -76,6 +77,12 @@ class OpKind(enum.Enum):
     SPARSE_RESIDUAL = "sparse_residual"  # x [T, K], rowptr/cols/vals (+ norm)  -> [T, NW] f32
     # Introduced by passes/fuse_decode_mlp.py.
     MLP_DECODE = "mlp_decode"      # x [1, H] + gate_up/down weights -> (acc state += x + mlp(x), clear state = 0)
+    # Introduced by passes/fuse_moe.py (a MOE node's launches; S = slots a token fills, top_k + shared).
+    MOE_ROUTE = "moe_route"        # logits [T, E(+1)] f32 -> weights [T, S] f32, slot_rows [T, S], row_token [T, S],
+                                   #                          offsets [E'+1], active [E'+1] (i32)
+    MOE_GATHER = "moe_gather"      # x [T, H] (+ norm), row_token, offsets    -> [T, S, H]: rows grouped by expert
+    MOE_LINEAR = "moe_linear"      # x [T, S, K], experts [E', NW, K], offsets, active -> [T, S, N]
+    MOE_COMBINE = "moe_combine"    # y [T, S, H] f32, weights, slot_rows (+ residual) -> [T, H]
 
 
 class WeightFormat(enum.Enum):
@@ -165,6 +172,53 @@ class MlpDecodeAttrs:
 
 
 @dataclass(frozen=True)
+class MoeAttrs:
+    """A MOE node as the frontend traces it (``compiler/models/moe.py``): input roles ``x``,
+    ``router`` [E, H], ``gate_exps``/``up_exps`` [E, I, H], ``down_exps`` [E, H, I], and with a
+    shared expert ``shexp_gate``/``shexp_up`` [Is, H], ``shexp_down`` [H, Is] (+ ``shexp_gate_inp``
+    [H] when ``shared_gate``). ``act`` is the experts' gated activation."""
+
+    n_experts: int
+    top_k: int
+    norm_top_k: bool
+    act: Act
+    shared: bool = False
+    shared_gate: bool = False
+
+
+@dataclass(frozen=True)
+class MoeRouteAttrs:
+    """``kernel_abi``'s ``moe_route``: ``n_shared`` shared-expert slots (experts ``n_experts`` ..)
+    follow each token's ``top_k`` routed ones; ``shared_gate``: the logits' last column gates them."""
+
+    n_experts: int
+    top_k: int
+    norm_top_k: bool
+    n_shared: int = 0
+    shared_gate: bool = False
+
+    @property
+    def slots(self) -> int:
+        return self.top_k + self.n_shared
+
+
+@dataclass(frozen=True)
+class MoeGatherAttrs:
+    norm_eps: float | None = None   # set: rows are RMS-normalised by the input role ``norm``
+
+
+@dataclass(frozen=True)
+class MoeLinearAttrs:
+    """``kernel_abi``'s ``moe_linear`` over ``n_experts`` stacked experts (shared chunks included)."""
+
+    n_experts: int
+    act: Act = Act.NONE
+    weight_format: WeightFormat = WeightFormat.F32
+    group_size: int = 0
+    out_dtype: DType = DType.F16
+
+
+@dataclass(frozen=True)
 class RopeAttrs:
     head_dim: int
     n_heads: int
@@ -186,7 +240,7 @@ class AttentionAttrs:
 
 
 Attrs = Union[NoAttrs, RmsNormAttrs, QkNormAttrs, EmbeddingAttrs, LinearAttrs, SparseResidualAttrs, MlpDecodeAttrs,
-              RopeAttrs, AttentionAttrs]
+              RopeAttrs, AttentionAttrs, MoeAttrs, MoeRouteAttrs, MoeGatherAttrs, MoeLinearAttrs]
 
 
 @dataclass(frozen=True)

@@ -54,3 +54,17 @@ def concat_rows(parts: Sequence[np.ndarray]) -> np.ndarray:
            and np.array_equal(p[0], first[0]) for p in parts):
         return np.broadcast_to(first[:1], (sum(p.shape[0] for p in parts), *first.shape[1:]))
     return np.concatenate(parts)
+
+
+def zero_placeholder(a: Any) -> bool:
+    """``a`` is one zero broadcast to its shape (every stride 0): a synthetic build's placeholder."""
+    return isinstance(a, np.ndarray) and a.size > 0 and not any(a.strides) and a.reshape(-1)[0] == 0
+
+
+def zeros_like_placeholders(parts: Sequence[np.ndarray], shape: tuple[int, ...], make: Callable[[], np.ndarray]
+                            ) -> np.ndarray:
+    """``make()``, or a zero placeholder of ``shape`` when every part is one (so restacking synthetic
+    placeholders, zero padding included, costs no memory)."""
+    if all(zero_placeholder(p) for p in parts):
+        return np.broadcast_to(np.zeros((), parts[0].dtype), shape)
+    return make()

@@ -43,6 +43,17 @@ class Tensor(enum.Enum):
     FFN_GATE_UP = "ffn_gate_up"        # gate rows, then up rows (passes/fuse_mlp.py)
     FFN_DOWN = "ffn_down"
     FFN_POST_NORM = "post_ffw_norm"    # RMSNorm of the MLP output before the residual add (Gemma 3)
+    # A mixture-of-experts FFN (compiler/models/moe.py): the router and the experts stacked on a
+    # leading expert dimension, as GGUF stores them ([E, out, in]).
+    FFN_GATE_INP = "ffn_gate_inp"      # router [E, H]
+    FFN_GATE_EXPS = "ffn_gate_exps"    # [E, I, H]
+    FFN_UP_EXPS = "ffn_up_exps"        # [E, I, H]
+    FFN_DOWN_EXPS = "ffn_down_exps"    # [E, H, I]
+    FFN_GATE_UP_EXPS = "ffn_gate_up_exps"  # per expert its gate rows, then its up rows (passes/fuse_moe.py)
+    FFN_GATE_INP_SHEXP = "ffn_gate_inp_shexp"  # the shared expert's gate [H] (Qwen2-MoE)
+    FFN_GATE_SHEXP = "ffn_gate_shexp"  # the shared expert [Is, H], [Is, H], [H, Is]
+    FFN_UP_SHEXP = "ffn_up_shexp"
+    FFN_DOWN_SHEXP = "ffn_down_shexp"
 
     @property
     def per_layer(self) -> bool:
@@ -117,6 +128,12 @@ def input_key(weight: str) -> str:
         return weight
     kind, layer, suffix = parsed
     return name(_SAME_INPUT[kind], layer, suffix)
+
+
+def expert_key(weight: str, expert: int) -> str:
+    """The name that keys the calibration statistics of expert ``expert``'s slice of the stacked
+    ``weight`` (``blk.3.ffn_gate_up_exps.weight[5]``): each expert sees its own tokens."""
+    return f"{weight}[{expert}]"
 
 
 # What a fused weight holds, rows in order (passes/fuse_attention.py, passes/fuse_mlp.py).

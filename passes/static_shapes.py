@@ -140,6 +140,8 @@ def _instantiate(fwd: Graph, name: str, tokens: int, mode: AttnMode) -> Graph:
             inputs.update({"slot": IO.SLOT.value, "n_real": IO.N_REAL.value} if prefill else
                           {"positions": IO.POSITIONS.value, "active": IO.ACTIVE.value})
             n = Node(n.op, n.name, inputs, n.outputs, replace(n.attrs, mode=mode))
+        elif n.op is OpKind.MOE_ROUTE and prefill:   # padding tokens are not routed
+            n = Node(n.op, n.name, {**inputs, "n_real": IO.N_REAL.value}, n.outputs, n.attrs)
         elif n.outputs == (logits,) and prefill:
             last = f"{n.inputs['x']}.last"
             types[last] = TensorType((1, types[n.inputs["x"]].shape[1]), types[n.inputs["x"]].dtype)

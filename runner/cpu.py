@@ -10,6 +10,9 @@ A pointer is read the way a kernel reads it: as flat memory shaped by the launch
 buffer larger than the launch needs (``io.prompt [max_bucket]`` for a shorter bucket) is fine, but
 its dtype must be the one the ABI names.
 
+The parameter readers are ``runner/cpu_params.py``; a mixture of experts' routing, gathering and
+combining are ``runner/cpu_moe.py``.
+
 ``CpuExecutor`` implements ``runner/executor.py`` over one host arena laid out as the plan says. It
 keeps an f32 copy of every linear weight (dequantized once when q4 or q8), so replays cost only the math.
 """
@@ -24,48 +27,18 @@ from typing import Any
 import numpy as np
 
 from grokc.abi import int4, int8, mlp_tiles
-from grokc.abi.ops import KERNEL_ABI, KERNEL_VARIANTS, KV_BLOCK_SIZE, ArgKind
+from grokc.abi.ops import KERNEL_ABI, KV_BLOCK_SIZE, ArgKind
 from grokc.abi.rng import uniform
 from grokc.abi.synthetic import Fill, SyntheticTensor, materialize
 from grokc.artifacts.plan import Buffer, Launch, Plan
 from grokc.core.errors import ArtifactError, TargetError
-
-F16, F32, I32, U8 = np.float16, np.float32, np.int32, np.uint8
-
-
-# -- reading parameters ------------------------------------------------------------------------
-
-def _arr(args: dict[str, Any], name: str, dtype: type, *shape: int) -> np.ndarray:
-    """Pointer ``name`` as a ``[*shape]`` view of its leading elements (one ``-1``: as many rows as fit)."""
-    a = args[name]
-    if a.dtype != dtype:
-        raise ArtifactError(f"parameter {name!r} holds {a.dtype} but the kernel ABI reads it as "
-                            f"{np.dtype(dtype)}; rebuild the artifact with this grokc")
-    assert a.flags.c_contiguous, f"{name} must be C-contiguous so that writes reach the arena"
-    flat = a.reshape(-1)
-    if -1 in shape:  # as many rows as the memory holds
-        row = math.prod(s for s in shape if s != -1)
-        shape = tuple((flat.size // row if row else 0) if s == -1 else s for s in shape)
-    need = math.prod(shape)
-    if flat.size < need:
-        raise ArtifactError(f"parameter {name!r} has {flat.size} elements but the launch reads "
-                            f"{need} as {list(shape)}; rebuild the artifact with this grokc")
-    return flat[:need].reshape(shape)
-
-
-def _opt(args: dict[str, Any], name: str, dtype: type, *shape: int) -> np.ndarray | None:
-    return None if args[name] is None else _arr(args, name, dtype, *shape)
-
-
-def _variant(attrs: Mapping[str, str], op: str, key: str) -> str:
-    """A variant attribute; a missing one takes the first (default) value in KERNEL_VARIANTS."""
-    allowed = KERNEL_VARIANTS[op][key]
-    value = attrs.get(key, allowed[0])
-    if value not in allowed:
-        raise ArtifactError(f"{op} launch has {key}={value!r} but this grokc knows only "
-                            f"{list(allowed)}; rebuild the artifact with this grokc")
-    return value
-
+from grokc.runner.cpu_moe import expert_rows, moe_combine, moe_gather, moe_route
+from grokc.runner.cpu_params import F16, F32, I32, U8
+from grokc.runner.cpu_params import arr as _arr
+from grokc.runner.cpu_params import as_f16 as _as_f16
+from grokc.runner.cpu_params import opt as _opt
+from grokc.runner.cpu_params import prologue as _prologue
+from grokc.runner.cpu_params import variant as _variant
 
 # -- embedding, linear, take_last --------------------------------------------------------------
 
@@ -98,11 +71,12 @@ def _dequantized_rows(args: dict[str, Any], fmt: str, pick: np.ndarray) -> np.nd
     return int8.dequantize(_arr(args, "table", U8, vocab, hidden)[pick], scales, zeros, gs)           # [r, H]
 
 
-def dense_weight(args: dict[str, Any], attrs: Mapping[str, str]) -> np.ndarray:
-    """The f32 ``[NW, K]`` matrix a linear launch multiplies by (q4 and q8 codes dequantized)."""
+def dense_weight(args: dict[str, Any], attrs: Mapping[str, str], op: str = "linear") -> np.ndarray:
+    """The f32 ``[NW, K]`` matrix a linear launch multiplies by (q4 and q8 codes dequantized); for a
+    ``moe_linear`` launch (``op``) its experts' matrices one after the other, ``[n_experts * NW, K]``."""
     n, k, gs = args["N"], args["K"], args["group_size"]
-    nw = n if _variant(attrs, "linear", "act") == "none" else 2 * n
-    fmt = _variant(attrs, "linear", "weight_format")
+    nw = (n if _variant(attrs, op, "act") == "none" else 2 * n) * args.get("n_experts", 1)
+    fmt = _variant(attrs, op, "weight_format")
     if fmt == "f16":
         return _arr(args, "weight", F16, nw, k).astype(F32)
     if k % 8 or gs < 0:
@@ -114,21 +88,6 @@ def dense_weight(args: dict[str, Any], attrs: Mapping[str, str]) -> np.ndarray:
     if fmt == "q8":
         return int8.dequantize(_arr(args, "weight", U8, nw, k), scales, zeros, gs)       # [NW, K]
     return int4.dequantize(_arr(args, "weight", U8, nw, k // 2), scales, zeros, gs)     # [NW, K]
-
-
-def _as_f16(args: dict[str, Any], name: str, dtype: str, *shape: int) -> np.ndarray:
-    """Pointer ``name`` as the f16 tensor it stands for: f16 as is, f32 rounded to f16."""
-    return _arr(args, name, F16, *shape) if dtype == "f16" else _arr(args, name, F32, *shape).astype(F16)
-
-
-def _prologue(args: dict[str, Any], m: int, k: int, x_dtype: str = "f16") -> np.ndarray:
-    """f32 ``[M, K]``: ``x``, RMS-normalised by ``norm`` and ``eps`` when ``norm`` is not null."""
-    x = _as_f16(args, "x", x_dtype, m, k).astype(F32)          # [M, K]
-    norm = _opt(args, "norm", F16, k)                          # [K]
-    if norm is not None:
-        inv_rms = F32(1) / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + F32(args["eps"]))  # [M, 1]
-        x = x * inv_rms * norm.astype(F32)
-    return x
 
 
 ROW_BLOCK = 8
@@ -164,9 +123,7 @@ def linear(args: dict[str, Any], attrs: Mapping[str, str], dense: np.ndarray | N
     bias = _opt(args, "bias", F16, w.shape[0])                 # [NW]
     if bias is not None:
         y = y + bias.astype(F32)
-    if act != "none":
-        gate, up = y[:, :n], y[:, n:]                          # gate rows come first
-        y = _GATES[act](gate) * up                             # [M, N]
+    y = _activate(y, n, act)                                   # [M, N]
     residual = None if args["residual"] is None else \
         _as_f16(args, "residual", _variant(attrs, "linear", "residual_dtype"), m, n)   # [M, N]; may alias out
     if residual is not None:
@@ -184,6 +141,22 @@ def _gelu_tanh(g: np.ndarray) -> np.ndarray:
 
 
 _GATES = {"silu_mul": _silu, "gelu_tanh_mul": _gelu_tanh}
+
+
+def _activate(y: np.ndarray, n: int, act: str) -> np.ndarray:
+    """f32 ``[M, N]`` from the raw products ``y`` ``[M, NW]`` by a ``linear``'s ``act``: gate rows first."""
+    return y if act == "none" else _GATES[act](y[:, :n]) * y[:, n:]
+
+
+def moe_linear(args: dict[str, Any], attrs: Mapping[str, str], dense: np.ndarray | None = None) -> None:
+    """Each expert's rows times its matrix; ``dense`` is ``dense_weight`` of the launch when the caller has it."""
+    r, n, k, ne = args["R"], args["N"], args["K"], args["n_experts"]
+    act = _variant(attrs, "moe_linear", "act")
+    out = _arr(args, "out", F16 if _variant(attrs, "moe_linear", "out_dtype") == "f16" else F32, r, n)
+    w = (dense_weight(args, attrs, "moe_linear") if dense is None else dense).reshape(ne, -1, k)   # [E', NW, K]
+    offsets, x = expert_rows(args, ne, r), _arr(args, "x", F16, r, k)
+    for e in np.flatnonzero(np.diff(offsets)):   # in blocks of rows, as linear: a row's bits are its own
+        out[offsets[e]:offsets[e + 1]] = _activate(matmul_rows(x[offsets[e]:offsets[e + 1]].astype(F32), w[e]), n, act)
 
 
 def rms_norm(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
@@ -453,8 +426,13 @@ OPS: dict[str, Callable[[dict[str, Any], dict[str, str]], None]] = {
     "take_last": take_last,
     "sample": sample,
     "fill_synthetic": fill_synthetic,
+    "moe_route": moe_route,
+    "moe_gather": moe_gather,
+    "moe_linear": moe_linear,
+    "moe_combine": moe_combine,
 }
 assert OPS.keys() == KERNEL_ABI.keys()
+_DENSE_OPS = {"linear": linear, "moe_linear": moe_linear}   # ops the executor hands a cached dense weight
 
 
 # -- the executor ------------------------------------------------------------------------------
@@ -541,14 +519,14 @@ class CpuExecutor:
         return args
 
     def _dense_weight(self, launch: Launch, args: dict[str, Any]) -> np.ndarray | None:
-        """The cached f32 weight of a linear launch whose matrix comes from the weights file."""
+        """The cached f32 weight of a linear or moe_linear launch whose matrix comes from the weights file."""
         srcs = [launch.arg(p) for p in ("weight", "scales", "zeros")]
         if any(a.buffer is not None for a in srcs):
             return None  # an arena buffer may change between replays
-        key = (*(a.weight for a in srcs), args["N"], args["K"], args["group_size"],
-               *sorted(launch.attrs.items()))
+        key = (launch.op, *(a.weight for a in srcs), args["N"], args["K"], args["group_size"],
+               args.get("n_experts", 1), *sorted(launch.attrs.items()))
         if key not in self._dense:
-            self._dense[key] = dense_weight(args, launch.attrs)
+            self._dense[key] = dense_weight(args, launch.attrs, launch.op)
         return self._dense[key]
 
     # -- Executor protocol ----------------------------------------------------------------------
@@ -564,8 +542,8 @@ class CpuExecutor:
         return self._graphs[graph]
 
     def _run(self, launch: Launch, args: dict[str, Any]) -> None:
-        if launch.op == "linear":
-            linear(args, launch.attrs, dense=self._dense_weight(launch, args))
+        if launch.op in _DENSE_OPS:
+            _DENSE_OPS[launch.op](args, launch.attrs, dense=self._dense_weight(launch, args))
         else:
             OPS[launch.op](args, launch.attrs)
 

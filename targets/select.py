@@ -25,10 +25,19 @@ from __future__ import annotations
 from types import ModuleType
 
 from grokc.core.errors import TargetError, UnsupportedOp
-from grokc.targets import rules_attention, rules_linear, rules_misc, rules_mlp, rules_sparse, rules_synthetic
+from grokc.targets import (
+    rules_attention,
+    rules_linear,
+    rules_misc,
+    rules_mlp,
+    rules_moe,
+    rules_sparse,
+    rules_synthetic,
+)
 from grokc.targets.base import KernelCall, KernelChoice, KernelRule, Target
 
-MODULES: tuple[ModuleType, ...] = (rules_linear, rules_attention, rules_misc, rules_mlp, rules_sparse, rules_synthetic)
+MODULES: tuple[ModuleType, ...] = (rules_linear, rules_attention, rules_misc, rules_mlp, rules_sparse, rules_synthetic,
+                                   rules_moe)
 
 
 def _assemble() -> dict[str, list[KernelRule]]:
@@ -65,4 +74,4 @@ def owner(symbol: str) -> tuple[ModuleType, str]:
         src = mod.kernel_source(symbol)
         if src is not None:
             return mod, src
-    raise TargetError(f"unknown kernel symbol '{symbol}'; no rule module (linear, attention, misc, sparse, synthetic) defines it")
+    raise TargetError(f"unknown kernel symbol '{symbol}'; no rule module (linear, attention, misc, sparse, synthetic, moe) defines it")

@@ -60,7 +60,8 @@ def load_gguf(path: Path, progress: Callable[[str], None] | None = None) -> Load
     reader = _open_reader(path)
     metadata = _metadata(reader, path)
     tensors = {t.name: t for t in reader.tensors}
-    arch = models.for_gguf(metadata.get("general.architecture"), f"GGUF '{path.name}'")
+    gguf_arch = metadata.get("general.architecture")
+    arch = models.for_gguf(gguf_arch, f"GGUF '{path.name}'", moe=bool(metadata.get(f"{gguf_arch}.expert_count")))
     config = _config_from_metadata(arch, metadata, tensors, path)
     shapes = arch.weight_shapes(config)
     fused = arch.split_sources(config, hf=False)
@@ -207,11 +208,6 @@ def _config_from_metadata(arch: Architecture, metadata: dict[str, Any], tensors:
             )
         return default
 
-    if key("expert_count", 0):
-        raise UnsupportedModel(
-            f"GGUF '{path.name}' is a mixture-of-experts model ({prefix}.expert_count = {key('expert_count')}); "
-            "only dense models are supported"
-        )
     hidden = key("embedding_length")
     num_heads = key("attention.head_count")
     num_kv_heads = key("attention.head_count_kv", num_heads)

@@ -165,6 +165,9 @@ def _read_weights(folder: Path, files: list[str], config: ModelConfig) -> dict[s
     arch = models.get(config.architecture)
     canonical = arch.hf_to_canonical(config)
     fused = arch.split_sources(config, hf=True)
+    stacked = arch.hf_stacked(config)                      # canonical -> one HF tensor per expert
+    slice_of = {hf: c for c, names in stacked.items() for hf in names}
+    slices: dict[str, np.ndarray] = {}
     found: dict[str, np.ndarray] = {}
     for file in files:
         try:
@@ -181,6 +184,8 @@ def _read_weights(folder: Path, files: list[str], config: ModelConfig) -> dict[s
                         raise UnsupportedModel(f"'{folder / file}' tensor {name!r} has shape {list(f.get_slice(name).get_shape())}, "
                                                f"not the rows of {', '.join(fused[name])} stacked; re-export the model")
                     found.update(parts)
+                elif name in slice_of:
+                    slices[name] = _to_fp32(f.get_tensor(name))
                 elif (name == "lm_head.weight" and config.tie_word_embeddings) or _ROTARY_BUFFER.fullmatch(name):
                     continue
                 else:
@@ -190,13 +195,26 @@ def _read_weights(folder: Path, files: list[str], config: ModelConfig) -> dict[s
                         "the checkpoint is not of the family its config.json names"
                     )
     expected = arch.weight_shapes(config)
-    missing = [hf for hf, c in canonical.items() if c not in found] + [hf for hf, c in fused.items() if c[0] not in found]
+    missing = ([hf for hf, c in canonical.items() if c not in found] + [hf for hf, c in fused.items() if c[0] not in found]
+               + [hf for hf in slice_of if hf not in slices])
     if missing:
         raise UnsupportedModel(
             f"folder '{folder}' lacks weight {missing[0]!r} ({len(missing)} missing in all) that a "
             f"{config.num_layers}-layer {arch.name} model needs; check the safetensors files are complete"
         )
+    for name, names in stacked.items():
+        found[name] = _stack([slices[hf] for hf in names], names[0], folder)
     return {name: found[name] for name in expected}
+
+
+def _stack(experts: list[np.ndarray], first: str, folder: Path) -> np.ndarray:
+    """One expert-stacked weight ``[E, out, in]`` from its experts' tensors (read-only f32)."""
+    if len({e.shape for e in experts}) != 1:
+        raise UnsupportedModel(f"the experts of '{first}' in '{folder}' differ in shape "
+                               f"({sorted({e.shape for e in experts})}); the checkpoint is corrupt, re-export it")
+    out = np.stack(experts)
+    out.flags.writeable = False
+    return out
 
 
 def _to_fp32(t: torch.Tensor, norm_shift: float = 0.0, canonical: str = "") -> np.ndarray:

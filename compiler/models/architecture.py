@@ -64,6 +64,7 @@ class Architecture:
     gguf_config: ConfigHook = lambda key, tensor, where: {}
     config_tensors: tuple[Tensor, ...] = ()     # GGUF tensors that hold config (rope factors), not weights
     gguf_permutes_qk: bool = False              # convert_hf_to_gguf.py interleaved q/k rows (unpermute_qk)
+    gguf_moe: bool = False                      # its GGUF form is gguf_arch with <arch>.expert_count > 0 (Mixtral)
     gguf_sentencepiece: SentencePiece = SentencePiece.LLAMA
     hf_norm_shift: float = 0.0                  # HF norm weights are w where the model scales by w + shift;
                                                 # the canonical (GGUF) ones hold w + shift (Gemma: 1)
@@ -82,14 +83,26 @@ class Architecture:
 
     def hf_to_canonical(self, cfg: ModelConfig) -> dict[str, str]:
         """Hugging Face name -> canonical name for every weight of ``weight_shapes(cfg)`` its
-        checkpoints store as it is (not the parts of a ``Split``)."""
+        checkpoints store as it is (not the parts of a ``Split``, nor one tensor per expert: ``hf_stacked``)."""
         fused = {kind for s in self.splits for kind in s.parts}
         out = {}
         for spec in self.tensors:
-            if not spec.present(cfg) or spec.kind in fused:
+            if not spec.present(cfg) or spec.kind in fused or "{e}" in self.hf_names[spec.kind]:
                 continue
             for i in range(cfg.num_layers) if spec.kind.per_layer else (None,):
                 out[f"{self.hf_names[spec.kind].format(i=i)}.{spec.suffix}"] = name(spec.kind, i, spec.suffix)
+        return out
+
+    def hf_stacked(self, cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
+        """Canonical name of each expert-stacked weight whose Hugging Face checkpoints hold one tensor
+        per expert (a name template with ``{e}``) -> those tensors' names, expert 0 first."""
+        out = {}
+        for spec in self.tensors:
+            template = self.hf_names.get(spec.kind, "")
+            if spec.present(cfg) and "{e}" in template:
+                for i in range(cfg.num_layers):
+                    out[name(spec.kind, i, spec.suffix)] = tuple(
+                        f"{template.format(i=i, e=e)}.{spec.suffix}" for e in range(cfg.moe.n_experts))
         return out
 
     def split_sources(self, cfg: ModelConfig, hf: bool) -> dict[str, tuple[str, ...]]:

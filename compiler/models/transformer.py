@@ -5,7 +5,7 @@ correctness ladder between Hugging Face and the plan.
 A block is ``h += post_norm(attention(norm(h)))`` then ``h += post_norm(mlp(norm(h)))``, where the
 variants are ``ModelConfig``'s: q/k/v biases (``qkv_bias``), per-head RMSNorm of q and k before
 RoPE (``qk_norm``), the post norms (``post_norms``, else none), the gated MLP's activation
-(``activation``), the layer's window and RoPE (``window(layer)``, ``core/rope.py``'s
+(``activation``) or a mixture of experts in its place (``moe``, ``moe.py``), the layer's window and RoPE (``window(layer)``, ``core/rope.py``'s
 ``rope_of_layer``), the softmax scale (``attn_scale``); the embedding is scaled by
 ``embedding_scale``. Families differ only in these fields and in how their files name the tensors
 (``architecture.py``).
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from grokc.compiler.models import ops  # noqa: F401  (registers torch.ops.grokc.*)
+from grokc.compiler.models import moe, ops  # noqa: F401  (registers torch.ops.grokc.*)
 from grokc.core import rope as rope_math
 from grokc.core.config import Activation, ModelConfig
 from grokc.core.tensors import Tensor
@@ -97,9 +97,12 @@ class Block(nn.Module):
             self.attn_k_norm = RMSNorm(cfg.head_dim, eps, head=True)
         self.attn_output = nn.Linear(cfg.q_dim, h, bias=False)
         self.ffn_norm = RMSNorm(h, eps)
-        self.ffn_gate = nn.Linear(h, i, bias=False)
-        self.ffn_up = nn.Linear(h, i, bias=False)
-        self.ffn_down = nn.Linear(i, h, bias=False)
+        if cfg.moe is not None:
+            moe.add_params(self, cfg)
+        else:
+            self.ffn_gate = nn.Linear(h, i, bias=False)
+            self.ffn_up = nn.Linear(h, i, bias=False)
+            self.ffn_down = nn.Linear(i, h, bias=False)
         if cfg.post_norms:
             self.post_attention_norm = RMSNorm(h, eps)
             self.post_ffw_norm = RMSNorm(h, eps)
@@ -118,7 +121,10 @@ class Block(nn.Module):
         o = self.attn_output(a)
         h = h + (self.post_attention_norm(o) if cfg.post_norms else o)
         x = self.ffn_norm(h)
-        m = self.ffn_down(_ACT[cfg.activation](self.ffn_gate(x)) * self.ffn_up(x))
+        if cfg.moe is not None:
+            m = moe.ffn(self, x, cfg)
+        else:
+            m = self.ffn_down(_ACT[cfg.activation](self.ffn_gate(x)) * self.ffn_up(x))
         return h + (self.post_ffw_norm(m) if cfg.post_norms else m)
 
 
@@ -178,6 +184,14 @@ def _vector(size):
     return lambda c: (size(c),)
 
 
+_dense = lambda c: c.moe is None  # noqa: E731
+_routed = lambda c: c.moe is not None  # noqa: E731
+_shared = lambda c: c.moe is not None and c.moe.shared_size > 0  # noqa: E731
+_E = lambda c: c.moe.n_experts  # noqa: E731
+_EI = lambda c: c.moe.expert_size  # noqa: E731
+_S = lambda c: c.moe.shared_size  # noqa: E731
+
+
 # Every tensor of the model above, in order; the config's variants say which are present.
 TENSORS = (
     TensorSpec(Tensor.TOKEN_EMBD, lambda c: (c.vocab_size, c.hidden_size)),
@@ -193,9 +207,19 @@ TENSORS = (
     TensorSpec(Tensor.ATTN_OUTPUT, _linear(_H, _Q)),
     TensorSpec(Tensor.ATTN_POST_NORM, _vector(_H), present=lambda c: c.post_norms),
     TensorSpec(Tensor.FFN_NORM, _vector(_H)),
-    TensorSpec(Tensor.FFN_GATE, _linear(_I, _H)),
-    TensorSpec(Tensor.FFN_UP, _linear(_I, _H)),
-    TensorSpec(Tensor.FFN_DOWN, _linear(_H, _I)),
+    TensorSpec(Tensor.FFN_GATE, _linear(_I, _H), present=_dense),
+    TensorSpec(Tensor.FFN_UP, _linear(_I, _H), present=_dense),
+    TensorSpec(Tensor.FFN_DOWN, _linear(_H, _I), present=_dense),
+    # A mixture of experts in place of the MLP (moe.py): the router, the experts stacked as GGUF
+    # stores them ([E, out, in]), the shared expert and its gate.
+    TensorSpec(Tensor.FFN_GATE_INP, _linear(_E, _H), present=_routed),
+    TensorSpec(Tensor.FFN_GATE_EXPS, lambda c: (_E(c), _EI(c), _H(c)), present=_routed),
+    TensorSpec(Tensor.FFN_UP_EXPS, lambda c: (_E(c), _EI(c), _H(c)), present=_routed),
+    TensorSpec(Tensor.FFN_DOWN_EXPS, lambda c: (_E(c), _H(c), _EI(c)), present=_routed),
+    TensorSpec(Tensor.FFN_GATE_SHEXP, _linear(_S, _H), present=_shared),
+    TensorSpec(Tensor.FFN_UP_SHEXP, _linear(_S, _H), present=_shared),
+    TensorSpec(Tensor.FFN_DOWN_SHEXP, _linear(_H, _S), present=_shared),
+    TensorSpec(Tensor.FFN_GATE_INP_SHEXP, lambda c: (1, c.hidden_size), present=lambda c: _shared(c) and c.moe.shared_gate),
     TensorSpec(Tensor.FFN_POST_NORM, _vector(_H), present=lambda c: c.post_norms),
     TensorSpec(Tensor.OUTPUT_NORM, _vector(_H)),
     TensorSpec(Tensor.OUTPUT, lambda c: (c.vocab_size, c.hidden_size), present=lambda c: not c.tie_word_embeddings),

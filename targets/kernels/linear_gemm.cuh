@@ -36,8 +36,10 @@ __device__ __forceinline__ int swz8(int r, int p) { return p ^ ((r & 1) << 2); }
 // 32-byte rows of 2 pieces (int4 weights): piece j of row r lives at j ^ ((r >> 2) & 1).
 __device__ __forceinline__ int swz2(int r, int j) { return j ^ ((r >> 2) & 1); }
 
+// block_m0 >= 0: the block's first row of x (a grouped GEMM places its tiles itself, moe.cuh);
+// else blockIdx.y * BM.
 template <int WF, int ACT, bool OUT_F32, int BM, int BN, int WM, int WN, int STAGES, bool NORM, bool ZERO>
-__device__ __forceinline__ void linear_gemm_body(GROKC_LINEAR_PARAMS) {
+__device__ __forceinline__ void linear_gemm_body(GROKC_LINEAR_PARAMS, int block_m0 = -1) {
     constexpr int NT = 32 * WM * WN;
     constexpr int TM = BM / WM, TN = BN / WN;  // warp tile
     constexpr int MT = TM / 16, NTL = TN / 8;  // MMA tiles per warp
@@ -56,7 +58,7 @@ __device__ __forceinline__ void linear_gemm_body(GROKC_LINEAR_PARAMS) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / WN, wn = warp % WN;
     const int g = lane >> 2, q = lane & 3;
-    const int m0 = blockIdx.y * BM;
+    const int m0 = block_m0 >= 0 ? block_m0 : blockIdx.y * BM;
     const bool has_norm = NORM, has_zero = ZERO;
     const int G = (WF == Q4G) ? (K + group_size - 1) / group_size : 1;
 

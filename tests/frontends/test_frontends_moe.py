@@ -1,0 +1,168 @@
+"""Mixture-of-experts checkpoints through both frontends: a tiny Mixtral as transformers saves it
+(one tensor per expert) and as llama.cpp stores it (``llama`` with ``expert_count``, the experts
+stacked in ``ffn_gate_exps`` etc.) load to the same canonical weights and config, bit for bit; a
+tiny Qwen2-MoE as transformers saves it (experts and the shared expert with its gate) loads bit for
+bit, and the Qwen2-MoE settings its graph lacks are refused in one line. A Mixtral with a sliding
+window loads as a windowed model whose torch model equals transformers' (logits within 1e-3 of their
+RMS, fp32 both, on more tokens than the window)."""
+
+from __future__ import annotations
+
+import json
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from calib_tiny import byte_tokenizer_json
+from frontends_tiny import tiny_tokenizer_metadata
+from tiny_moe import hf_model, moe_config, moe_weights
+
+from grokc.compiler.frontends import load_model
+from grokc.compiler.quality import reference_model
+from grokc.core.errors import UnsupportedModel
+
+pytest.importorskip("transformers")
+
+CFG = moe_config("mixtral", vocab_size=260, tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return moe_weights(CFG, seed=5)
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory, weights):
+    folder = tmp_path_factory.mktemp("mixtral-hf")
+    hf_model(CFG, weights, folder)
+    (folder / "tokenizer.json").write_text(byte_tokenizer_json())
+    return folder
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's q/k row order (HF rotate-half -> GGML interleaved pairs)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_mixtral_gguf(path, weights: dict[str, np.ndarray]) -> None:
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in {"block_count": CFG.num_layers, "context_length": CFG.max_position_embeddings,
+                       "embedding_length": CFG.hidden_size, "feed_forward_length": CFG.moe.expert_size,
+                       "attention.head_count": CFG.num_heads, "attention.head_count_kv": CFG.num_kv_heads,
+                       "rope.dimension_count": CFG.head_dim, "expert_count": CFG.moe.n_experts,
+                       "expert_used_count": CFG.moe.top_k, "vocab_size": CFG.vocab_size}.items():
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_float32("llama.rope.freq_base", CFG.rope.theta)
+    writer.add_float32("llama.attention.layer_norm_rms_epsilon", CFG.rms_norm_eps)
+    for key, value in tiny_tokenizer_metadata().items():
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        elif isinstance(value[0], int):
+            writer.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.INT32)
+        else:
+            writer.add_array(key, value)
+    heads = {"attn_q": CFG.num_heads, "attn_k": CFG.num_kv_heads}
+    for name, w in weights.items():
+        kind = name.split(".")[-2]
+        writer.add_tensor(name, _permute(w, heads[kind]) if kind in heads else w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_hf_folder_loads_stacked_experts(hf_folder, weights):
+    loaded = load_model(hf_folder)
+    assert loaded.config.architecture == "mixtral" and loaded.config.moe == CFG.moe
+    assert sorted(loaded.weights) == sorted(weights)
+    for name, w in weights.items():
+        np.testing.assert_array_equal(loaded.weights[name], w, err_msg=name)
+
+
+def test_gguf_loads_the_same_model(tmp_path, hf_folder, weights):
+    write_mixtral_gguf(tmp_path / "mixtral.gguf", weights)
+    loaded, from_hf = load_model(tmp_path / "mixtral.gguf"), load_model(hf_folder)
+    assert loaded.config.architecture == "mixtral" and loaded.config.moe == from_hf.config.moe
+    for name, w in from_hf.weights.items():
+        np.testing.assert_array_equal(loaded.weights[name], w, err_msg=name)
+
+
+def test_missing_expert_is_one_line(tmp_path, hf_folder):
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    for f in ("config.json", "tokenizer.json"):
+        (folder / f).write_text((hf_folder / f).read_text())
+    tensors = load_file(str(hf_folder / "model.safetensors"))
+    gone = "model.layers.1.block_sparse_moe.experts.3.w2.weight"
+    save_file({k: v for k, v in tensors.items() if k != gone}, str(folder / "model.safetensors"))
+    with pytest.raises(UnsupportedModel, match=f"lacks weight '{gone}'"):
+        load_model(folder)
+
+
+def test_inconsistent_expert_count_is_one_line(tmp_path, hf_folder):
+    folder = tmp_path / "bad-config"
+    folder.mkdir()
+    raw = json.loads((hf_folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**raw, "num_experts_per_tok": 9}))
+    (folder / "tokenizer.json").write_text((hf_folder / "tokenizer.json").read_text())
+    (folder / "model.safetensors").symlink_to(hf_folder / "model.safetensors")
+    with pytest.raises(UnsupportedModel, match="inconsistent mixture of experts.*top_k 9"):
+        load_model(folder)
+
+
+QWEN = moe_config("qwen2_moe", vocab_size=260, tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def qwen_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen2-moe-hf")
+    weights = moe_weights(QWEN, seed=6)
+    hf_model(QWEN, weights, folder)
+    (folder / "tokenizer.json").write_text(byte_tokenizer_json())
+    return folder, weights
+
+
+def test_qwen2_moe_folder_loads_experts_and_the_gated_shared_expert(qwen_folder):
+    folder, weights = qwen_folder
+    loaded = load_model(folder)
+    assert loaded.config.architecture == "qwen2_moe" and loaded.config.moe == QWEN.moe
+    assert sorted(loaded.weights) == sorted(weights)
+    assert loaded.weights["blk.0.ffn_gate_inp_shexp.weight"].shape == (1, QWEN.hidden_size)
+    for name, w in weights.items():
+        np.testing.assert_array_equal(loaded.weights[name], w, err_msg=name)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"qkv_bias": False}, r"holds tensor 'model\.layers\.\d\.self_attn\.[qkv]_proj\.bias' \(a bias\)"),   # biases there
+    ({"decoder_sparse_step": 2}, "mixes dense and sparse layers"),
+    ({"mlp_only_layers": [1]}, "mixes dense and sparse layers"),
+    ({"shared_expert_intermediate_size": 0}, "inconsistent mixture of experts.*shared gate needs a shared expert"),
+])
+def test_qwen2_moe_settings_the_graph_lacks_are_one_line(tmp_path, qwen_folder, change, message):
+    folder = qwen_folder[0]
+    raw = json.loads((folder / "config.json").read_text())
+    raw = {k: v for k, v in {**raw, **change}.items() if v is not None}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    (tmp_path / "tokenizer.json").write_text((folder / "tokenizer.json").read_text())
+    (tmp_path / "model.safetensors").symlink_to(folder / "model.safetensors")
+    with pytest.raises(UnsupportedModel, match=message):
+        load_model(tmp_path)
+
+
+def test_mixtral_sliding_window_matches_transformers(tmp_path):
+    cfg = moe_config("mixtral", vocab_size=260, tie_word_embeddings=False, sliding_window=8, local_layers=(0, 1))
+    weights = moe_weights(cfg, seed=7)
+    hf = hf_model(cfg, weights, tmp_path)
+    (tmp_path / "tokenizer.json").write_text(byte_tokenizer_json())
+    loaded = load_model(tmp_path)
+    assert (loaded.config.sliding_window, loaded.config.local_layers) == (8, (0, 1))
+    tokens = torch.from_numpy(np.random.default_rng(3).integers(0, 260, 40))
+    with torch.no_grad():
+        want = hf(tokens[None]).logits[0].numpy()
+        got = reference_model(loaded.config, loaded.weights)(tokens.int(), torch.arange(40, dtype=torch.int32)).numpy()
+    assert np.abs(got - want).max() / np.sqrt((want ** 2).mean()) < 1e-3
