@@ -7,16 +7,12 @@ greedy tokens must be identical (fp16) or part only at a near-tie of the CPU's l
 
 import numpy as np
 import pytest
+from plan_compare import TOL, prefill_logits, rel_err
 
 from grokc.core.errors import TargetError
 from grokc.runner import Runner, SamplingParams
 
-TOL = 3e-2
 PROMPT = "The capital of France is"
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / np.sqrt((b ** 2).mean()))
 
 
 # int4-r: int4 with a 0.5% fp16 residual and an int4 LM head (sparse_residual launches before
@@ -31,13 +27,6 @@ def pair(request, smollm2_artifacts):
     quant, extra = BUILDS[request.param]
     path = smollm2_artifacts(quant, **extra)
     return request.param, Runner(path, device="cuda"), Runner(path, device="cpu")
-
-
-def prefill_logits(r: Runner, ids: list[int], bucket: int) -> np.ndarray:
-    slot = r.engine.add(ids, SamplingParams(max_new_tokens=1), bucket=bucket)
-    out = r.executor.read(r.plan.graphs[f"prefill_{bucket}"].logits)[0].copy()
-    r.engine.release(slot)
-    return out
 
 
 def test_prefill_logits_every_bucket(pair):

@@ -17,17 +17,12 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from plan_compare import TOL, prefill_logits, rel_err  # noqa: E402
 from tiny_families import FAMILIES, write_family  # noqa: E402
 
 from grokc.compiler.build import BuildOptions, build  # noqa: E402
 from grokc.compiler.calibrate import CalibrationOptions  # noqa: E402
 from grokc.runner import Runner, SamplingParams  # noqa: E402
-
-TOL = 3e-2
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / np.sqrt((b ** 2).mean()))
 
 
 @pytest.fixture(scope="module", params=[(f, q) for f in FAMILIES for q in ("fp16", "int4")],
@@ -40,13 +35,6 @@ def pair(request, tmp_path_factory):
     build(fam.hf, root / "art", BuildOptions(quant=quant, archs=("sm90",), batch=2, buckets=(16, 64), max_seq=128,
                                              calibration=cheap))
     return Runner(root / "art", device="cuda"), Runner(root / "art", device="cpu")
-
-
-def prefill_logits(r: Runner, ids: list[int], bucket: int) -> np.ndarray:
-    slot = r.engine.add(ids, SamplingParams(max_new_tokens=1), bucket=bucket)
-    out = r.executor.read(r.plan.graphs[f"prefill_{bucket}"].logits)[0].copy()
-    r.engine.release(slot)
-    return out
 
 
 def test_prefill_logits_every_bucket(pair):
