@@ -342,16 +342,19 @@ def llama3_rope_from_factors(
         span = original_context / slope  # high - low
         low = round(-intercept * span, 4)
         high = round(low + span, 4)
-        rope = RopeConfig(
-            theta=theta,
-            type=RopeType.LLAMA3,
-            factor=factor,
-            low_freq_factor=low,
-            high_freq_factor=high,
-            original_max_position_embeddings=original_context,
-        )
-        again = llama3_rope_factors(theta, head_dim, factor, low, high, original_context)
-        if not np.allclose(again, f, rtol=1e-4, atol=0):
+        try:   # a table of another shape fits to parameters RopeConfig refuses (a negative factor)
+            rope = RopeConfig(
+                theta=theta,
+                type=RopeType.LLAMA3,
+                factor=factor,
+                low_freq_factor=low,
+                high_freq_factor=high,
+                original_max_position_embeddings=original_context,
+            )
+        except ValueError:
+            rope = None
+        if rope is not None and not np.allclose(llama3_rope_factors(theta, head_dim, factor, low, high, original_context),
+                                                f, rtol=1e-4, atol=0):
             rope = None
     if rope is None:
         raise UnsupportedModel(

@@ -131,7 +131,7 @@ def test_hf_tiny_folder_loads(tiny_hf):
         ({"mlp_bias": True}, ("mlp_bias",)),
         ({"hidden_act": "gelu"}, ("'gelu'",)),
         ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, ("'dynamic'",)),
-        ({"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"]}, ("'qwen2_moe'", "qwen2")),
+        ({"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"]}, ("'qwen3_moe'", "qwen2_moe")),
         ({"num_hidden_layers": None}, ("'num_hidden_layers'",)),
     ],
 )
