@@ -34,7 +34,7 @@ def rope_from_hf(params: dict[str, Any], raw: dict[str, Any], where: str, theta:
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in _ROPE_TYPES:
         raise UnsupportedModel(f"{where} uses rope_type {kind!r}; supported: {', '.join(_ROPE_TYPES)}")
-    base = params.get("rope_theta", theta if theta is not None else raw.get("rope_theta", 10000.0))
+    base = next((t for t in (params.get("rope_theta"), theta, raw.get("rope_theta")) if t is not None), 10000.0)
     fields: dict[str, Any] = {"theta": float(base), "type": _ROPE_TYPES[kind]}
     for key, cast in _FIELDS:
         if params.get(key) is not None:
