@@ -85,3 +85,9 @@ def window_fields(window: int | None, layers: tuple[int, ...], raw: dict[str, An
     if int(window) >= int(raw.get("max_position_embeddings", 2048)):
         return {}
     return {"sliding_window": int(window), "local_layers": layers}
+
+
+def every_layer_window(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """Mistral's ``sliding_window``: every layer attends over it (or none, when it is null)."""
+    window = raw.get("sliding_window")
+    return window_fields(window, tuple(range(int(raw["num_hidden_layers"]))) if window else (), raw, where)

@@ -11,14 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from grokc.compiler.models.architecture import Architecture
-from grokc.compiler.models.hf_keys import window_fields
+from grokc.compiler.models.hf_keys import every_layer_window
 from grokc.compiler.models.llama import check_plain_block
 
 
 def _hf_config(raw: dict[str, Any], where: str) -> dict[str, Any]:
     check_plain_block(raw, where, "Mistral")
-    window = raw.get("sliding_window")
-    return window_fields(window, tuple(range(int(raw["num_hidden_layers"]))) if window else (), raw, where)
+    return every_layer_window(raw, where)
 
 
 ARCH = Architecture(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from grokc.compiler.models import moe
 from grokc.compiler.models.architecture import Architecture
-from grokc.compiler.models.hf_keys import window_fields
+from grokc.compiler.models.hf_keys import every_layer_window
 from grokc.compiler.models.llama import check_plain_block
 from grokc.core.config import MoeConfig
 from grokc.core.tensors import LLAMA_HF, Tensor
@@ -27,8 +27,7 @@ HF_NAMES = {
 
 def _hf_config(raw: dict, where: str) -> dict:
     check_plain_block(raw, where, "Mixtral")
-    window = raw.get("sliding_window")
-    return {**window_fields(window, tuple(range(int(raw["num_hidden_layers"]))) if window else (), raw, where),
+    return {**every_layer_window(raw, where),
             **moe.read_config(lambda: MoeConfig(int(raw["num_local_experts"]), int(raw["num_experts_per_tok"]),
                                                 int(raw["intermediate_size"])), where, "Mixtral")}
 
