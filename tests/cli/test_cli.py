@@ -105,12 +105,17 @@ def test_verify_names_a_tampered_file(built, tmp_path, victim):
 
 
 def test_eval_reports_perplexity_and_agreement(built, smollm2_gguf):
-    r = grokc("eval", built[0], "--model", smollm2_gguf, "--tokens", "128", "--context", "64")
+    r = grokc("eval", built[0], "--model", smollm2_gguf, "--tokens", "128", "--context", "64",
+              "--genre", "docs", "--genre", "fiction")
     assert r.exit_code == 0, r.output
-    m = json.loads(r.stdout)
-    assert m["positions"] == 2 * 63
-    assert 1 < m["ppl_reference"] < m["ppl_artifact"] < 3 * m["ppl_reference"]
-    assert 0.35 < m["top1_agreement"] <= 1
+    out = json.loads(r.stdout)
+    assert sorted(out["genres"]) == ["docs", "fiction"]
+    for m in out["genres"].values():
+        assert m["positions"] == 2 * 63
+        assert 1 < m["ppl_reference"] < m["ppl_artifact"] < 3 * m["ppl_reference"]
+        assert 0.35 < m["top1_agreement"] <= 1
+    worst = max(out["genres"], key=lambda g: out["genres"][g]["ppl_increase"])
+    assert out["worst"] == {"genre": worst, "ppl_increase": out["genres"][worst]["ppl_increase"]}
 
 
 # -- user errors ----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 import random
 import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -35,15 +36,30 @@ def test_full_queue_gets_429_and_a_request_that_fits_later_waits(start_server, t
     assert server.metric('grokc_refusals_total{reason="queue_full"}') == 1
 
 
+def _seconds(run) -> float:
+    """The fastest of three runs of ``run()``."""
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
 def test_deadline_gives_504_frees_the_slot_and_the_next_request_is_served(start_server, tiny_serving_artifact,
                                                                            reference):
-    server = start_server(tiny_serving_artifact, "--model-name", MODEL, "--request-timeout", "0.3")
-    status, body = server.post("/v1/completions", {**OK, "max_tokens": 120})   # ~0.5 s of decode steps
+    # The deadline sits between one prefill and 120 decode steps as this machine runs them (a geometric
+    # mean: several times either), so the test means the same on a fast machine and a slow one.
+    short, long = _seconds(lambda: reference([5, 6, 7], 1)), _seconds(lambda: reference([5, 6, 7], 120))
+    assert reference([5, 6, 7], 120)[1] == 120 and long > 16 * short, (short, long)
+    timeout = (short * long) ** 0.5
+    server = start_server(tiny_serving_artifact, "--model-name", MODEL, "--request-timeout", f"{timeout:.4f}")
+    status, body = server.post("/v1/completions", {**OK, "max_tokens": 120})
     assert status == 504 and body["error"]["code"] == "deadline_exceeded"
     assert server.metric("grokc_slots_busy") == 0 and server.metric("grokc_kv_blocks_in_use") == 0
     events = read_all(stream_first_chunk(server, {**OK, "max_tokens": 120}))   # past it mid-stream: an error event
     assert b'"code": "deadline_exceeded"' in events and b"[DONE]" not in events
-    status, body = server.post("/v1/completions", {**OK, "max_tokens": 1})   # a prefill: well inside 0.3 s
+    status, body = server.post("/v1/completions", {**OK, "max_tokens": 1})   # a prefill: well inside it
     assert status == 200 and body["choices"][0]["text"] == reference([5, 6, 7], 1)[0]
 
 
