@@ -214,12 +214,15 @@ def _emit(raw: RawIR, emb: Node, blocks: list[_Block], final: Node, head: Node, 
     types["token_embd"] = raw.types[emb.outputs[0]]
     h = "token_embd"
     rope_ins = {"positions": "positions", "inv_freq": "rope_inv_freq"}
+
+    def linear(node: Node, kind: Tensor, i: int, src: str) -> str:
+        bias = {"bias": weight(node, "bias", name(kind, i, "bias"))} if "bias" in node.inputs else {}
+        return out(node, f"blk.{i}.{kind.value}", {"x": src, "weight": weight(node, "weight", name(kind, i)), **bias})
+
     for i, b in enumerate(blocks):
         p = f"blk.{i}"
+        lin = lambda node, kind, src, i=i: linear(node, kind, i, src)  # noqa: E731
         x = out(b.attn_norm, f"{p}.attn_norm", {"x": h, "weight": weight(b.attn_norm, "weight", name(Tensor.ATTN_NORM, i))})
-        def lin(node: Node, kind: Tensor, src: str) -> str:
-            bias = {"bias": weight(node, "bias", name(kind, i, "bias"))} if "bias" in node.inputs else {}
-            return out(node, f"{p}.{kind.value}", {"x": src, "weight": weight(node, "weight", name(kind, i)), **bias})
         q, k, v = lin(b.q, Tensor.ATTN_Q, x), lin(b.k, Tensor.ATTN_K, x), lin(b.v, Tensor.ATTN_V, x)   # the tracer's order
         q = out(b.q_rope, f"{p}.rope", {"x": q, **rope_ins})
         k = out(b.k_rope, f"{p}.rope.1", {"x": k, **rope_ins})
@@ -275,4 +278,4 @@ def _rope(raw: RawIR, blocks: list[_Block], head_dim: int, where: str) -> RopeCo
     for f in fits[1:]:
         if not np.allclose(f.inv_freq, first.inv_freq, rtol=1e-5) or abs(f.mscale - first.mscale) > 1e-6:
             raise UnsupportedModel(f"{where}: the rotary embeddings of the blocks differ; grokc compiles one rope")
-    return fit_rope(first, head_dim, where)
+    return fit_rope(first, head_dim, f"{where}: node {raw.source[blocks[0].q_rope.name].describe()}")
