@@ -5,7 +5,8 @@ that graph.
    rewrite, over the graph in topological order, emitting raw IR (``emit.py``);
 2. ``canonical.canonicalize`` walks the raw IR as a Llama-family decoder, names it as
    ``compiler/trace.py`` names a traced graph and reads the architecture from it;
-3. ``to_loaded`` builds the ``ModelConfig``, the module (``{"forward": graph}`` with canonically
+3. ``to_loaded`` builds the ``ModelConfig`` (family ``llama``, or ``qwen2`` when the q/k/v
+   projections have biases), the module (``{"forward": graph}`` with canonically
    named parameters and the int4 grids the source stored, ``meta.carried``) and the ``LoadedModel``.
 
 The ONNX reader (``frontends/onnx``) and the torch.export reader (``frontends/torch_export``) each
