@@ -108,10 +108,3 @@ def test_a_file_that_is_not_a_program_is_refused(tmp_path, programs):
     with pytest.raises(UnsupportedModel, match="cannot read .*bad.pt2.* as a torch.export program"):
         load_model(bad, tokenizer=programs["pt2"][0])
 
-
-def test_a_bias_grokc_has_no_place_for_is_refused_naming_the_node(tmp_path):
-    """Llama's attention_bias puts a bias on o_proj too; grokc's decoders have q/k/v biases only."""
-    folder = hf_folder(tmp_path / "biased", seed=25, attention_bias=True)
-    with pytest.raises(UnsupportedModel, match=r"node 'linear_3' \(aten.linear.default\) adds a bias to the attention's "
-                                               r"output projection; grokc's decoders have biases on the q, k and v"):
-        load_model(save_pt2(folder, tmp_path / "b.pt2"), tokenizer=folder)
