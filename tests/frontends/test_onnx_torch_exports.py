@@ -65,7 +65,7 @@ def test_prefill_and_decode_logits_match_onnxruntime(exports, artifacts, which):
     assert len(errs) == 5 and max(errs) < TOL, errs
 
 
-@pytest.mark.parametrize("which", ["kv", "qwen2"])
+@pytest.mark.parametrize("which", ["kv", "op23", "qwen2"])
 def test_greedy_fp16_tokens_match_onnxruntime(exports, artifacts, which):
     folder, path = exports[which]
     prompt = [int(t) for t in np.random.default_rng(4).integers(4, 192, 6)]
