@@ -31,6 +31,13 @@ from grokc.runner import Runner, SamplingParams
 Dim = torch.export.Dim
 
 
+# Llama 3.1's rope scaling, but with the original context at 64 so that in these tiny models (head_dim
+# 16, theta 500000: wavelengths 6.3, 32.5, 168, ...) one pair lies on the smooth ramp and six are
+# divided by the factor: a graph read as plain rope would be far off from the first position on.
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
 def hf_folder(folder: Path, family: str = "llama", seed: int = 0, **overrides) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
