@@ -218,28 +218,12 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(got - want).max() / np.sqrt((want.astype(np.float64) ** 2).mean()))
 
 
-_CUBINS: dict[tuple, bytes] = {}
-
-
 def build(loaded, out: Path, quant: str = "fp16", **options) -> Path:
-    """``build_loaded`` for sm90 with small shapes; nvcc runs once per kernel set for the whole session
-    (every tiny model here has the same shapes, so the same cubins)."""
-    from grokc.compiler import build as builder
+    """``build_loaded`` for sm90 with small shapes (every tiny model here has the same shapes, so the
+    kernel cache compiles their kernels once)."""
+    from grokc.compiler.build import BuildOptions, build_loaded
 
-    real = builder.build_kernels
-
-    def cached(kernels, target):
-        key = (tuple(kernels), target.name)
-        if key not in _CUBINS:
-            _CUBINS[key] = real(kernels, target)
-        return _CUBINS[key]
-
-    builder.build_kernels = cached
-    try:
-        builder.build_loaded(loaded, out, builder.BuildOptions(archs=("sm90",), quant=quant, batch=1, buckets=(16,),
-                                                               max_seq=64, **options))
-    finally:
-        builder.build_kernels = real
+    build_loaded(loaded, out, BuildOptions(archs=("sm90",), quant=quant, batch=1, buckets=(16,), max_seq=64, **options))
     return out
 
 
