@@ -118,6 +118,15 @@ def _(x, router, gate_exps, up_exps, down_exps, shexp_gate, shexp_up, shexp_down
     return torch.empty_like(x)
 
 
+def refuse_dense_layers(raw: dict, where: str) -> None:
+    """Refuse a Qwen-MoE config.json with dense MLP layers between the sparse ones
+    (``decoder_sparse_step`` > 1 or ``mlp_only_layers``): grokc's MoE models are sparse in every layer."""
+    if int(raw.get("decoder_sparse_step") or 1) != 1 or raw.get("mlp_only_layers"):
+        raise UnsupportedModel(f"{where} mixes dense and sparse layers (decoder_sparse_step "
+                               f"{raw.get('decoder_sparse_step', 1)}, mlp_only_layers {raw.get('mlp_only_layers')}); "
+                               "only models whose every layer is a mixture of experts are supported")
+
+
 def read_config(read: Callable[[], MoeConfig], where: str, family: str) -> dict:
     """``{"moe": read()}`` for an architecture's config hook; a missing key (``KeyError``) or an
     inconsistent ``MoeConfig`` becomes one ``UnsupportedModel`` line naming ``where``."""
