@@ -56,8 +56,8 @@ def add_params(block: nn.Module, cfg: ModelConfig) -> None:
 
 
 def act_name(cfg: ModelConfig) -> str:
-    """The experts' gated activation, a key of ``ACTIVATIONS``."""
-    return "silu"
+    """The experts' gated activation, a key of ``ACTIVATIONS``: the config's (Grok-1's GELU)."""
+    return cfg.activation.value
 
 
 def weight(block: nn.Module, kind: str) -> torch.Tensor | None:
