@@ -79,6 +79,21 @@ def hf_kwargs(cfg: ModelConfig) -> dict:
     return {**qwen, "shared_expert_intermediate_size": moe.shared_size, "qkv_bias": cfg.qkv_bias}
 
 
+def rel_error(got: np.ndarray, want: np.ndarray) -> float:
+    """The largest error of ``got`` as a fraction of ``want``'s RMS."""
+    return float(np.abs(got - want).max() / np.sqrt((want ** 2).mean()))
+
+
+def prefill_logits(runner, tokens: list[int]) -> np.ndarray:
+    """The last token's logits of ``runner``'s prefill of ``tokens`` (its slot released after)."""
+    from grokc.runner import SamplingParams
+
+    slot = runner.engine.add(tokens, SamplingParams(max_new_tokens=2))
+    got = runner.executor.read(runner.plan.graphs[f"prefill_{runner.engine.bucket_for(len(tokens))}"].logits)[0]
+    runner.engine.release(slot)
+    return got
+
+
 def hf_model(cfg: ModelConfig, weights: dict[str, np.ndarray], folder) -> torch.nn.Module:
     """transformers' fp32 model of ``cfg`` saved to ``folder`` with ``weights`` and loaded back."""
     import transformers

@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 import torch
 from calib_tiny import byte_tokenizer_json
-from tiny_moe import moe_weights
+from tiny_moe import moe_weights, prefill_logits
+from tiny_moe import rel_error as _rel
 
 from grokc.compiler.build import BuildOptions, build_loaded
 from grokc.compiler.frontends import LoadedModel
@@ -121,10 +122,6 @@ def _clear_sequences(weights) -> list[list[int]]:
     pytest.fail(f"fewer than 3 of 200 sequences keep the router margin {MARGIN}")
 
 
-def _rel(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.abs(got - want).max() / np.sqrt((want ** 2).mean()))
-
-
 # -- tests --------------------------------------------------------------------------------------
 
 def test_config_is_grok1(grok):
@@ -161,10 +158,7 @@ def test_prefill_and_decode_logits_match_the_reference(grok):
     runner = Runner(path, device="cpu")
     for seq in seqs:
         for n in (5, 24):   # buckets 16 and 32
-            slot = runner.engine.add(seq[:n], SamplingParams(max_new_tokens=2))
-            got = runner.executor.read(runner.plan.graphs[f"prefill_{runner.engine.bucket_for(n)}"].logits)[0]
-            runner.engine.release(slot)
-            assert _rel(got, grok1(loaded.weights, seq[:n])[0][-1]) < TOL, f"prefill of {n} tokens"
+            assert _rel(prefill_logits(runner, seq[:n]), grok1(loaded.weights, seq[:n])[0][-1]) < TOL, f"prefill of {n}"
     for seq, got in zip(seqs, Runner(path, device="cpu").engine.score(seqs)):   # decoded together
         assert _rel(got, grok1(loaded.weights, seq)[0]) < TOL
 

@@ -4,12 +4,16 @@ stacked in ``ffn_gate_exps`` etc.) load to the same canonical weights and config
 tiny Qwen2-MoE as transformers saves it (experts and the shared expert with its gate) loads bit for
 bit, and the Qwen2-MoE settings its graph lacks are refused in one line. A Mixtral with a sliding
 window loads as a windowed model whose torch model equals transformers' (logits within 1e-3 of their
-RMS, fp32 both, on more tokens than the window)."""
+RMS, fp32 both, on more tokens than the window). Tiny Qwen2-MoE and Qwen3-MoE models written as
+llama.cpp's converter writes them (``qwen2moe`` / ``qwen3moe``) load bit for bit as their folders do,
+and the GGUF-loaded models of all three families match transformers. A Grok-1 folder (config.json
+only is read) and Grok-2's settings are refused in one line."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -203,3 +207,20 @@ def test_mixtral_sliding_window_matches_transformers(tmp_path):
         want = hf(tokens[None]).logits[0].numpy()
         got = reference_model(loaded.config, loaded.weights)(tokens.int(), torch.arange(40, dtype=torch.int32)).numpy()
     assert np.abs(got - want).max() / np.sqrt((want ** 2).mean()) < 1e-3
+
+
+GROK1 = json.loads((Path(__file__).parents[2] / "bench" / "grok-1-shape.json").read_text())
+
+
+@pytest.mark.parametrize("change, message", [
+    ({}, "grok1 model, whose checkpoints grokc does not read; build its config with --synthetic-weights"),
+    ({"residual_moe": True}, r"residual_moe=True \(Grok-2\)"),
+    ({"attn_logit_softcapping": 30.0, "final_logit_softcapping": 50.0}, r"final_logit_softcapping=50.0 \(Grok-2\)"),
+])
+def test_grok1_folders_and_grok2_settings_are_one_line(tmp_path, change, message):
+    (tmp_path / "config.json").write_text(json.dumps({**GROK1, **change}))
+    (tmp_path / "tokenizer.json").write_text(byte_tokenizer_json())
+    from safetensors.numpy import save_file
+    save_file({"model.embed_tokens.weight": np.zeros((2, 2), np.float32)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(UnsupportedModel, match=message):
+        load_model(tmp_path)

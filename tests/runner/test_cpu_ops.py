@@ -635,28 +635,33 @@ def sdpa_window_ref(q, k, v, window: int) -> np.ndarray:
     return o[0].transpose(0, 1).reshape(t, NH * D).numpy()
 
 
-@pytest.mark.parametrize("window", [1, 5, 16, 100])
-def test_attention_windows_in_prefill_and_decode(window):
-    """A local layer: prefill of 37 tokens, then decode of token 37, both against SDPA over the window."""
-    L, t_real, nb = 48, 37, 8
-    gen = np.random.default_rng(window)
-    qkv = gen.standard_normal((L + 1, QKV)).astype(F16)
+def prefill_then_decode(qkv: np.ndarray, rope: dict, t_real: int = 37) -> tuple[np.ndarray, ...]:
+    """The ops' prefill of rows ``0..t_real-1`` of ``qkv [L + 1, QKV]`` (bucket L), then their decode
+    of row L at position t_real: (prefill out [t_real, NH*D], decode out [NH*D], and q, k, v [t_real + 1,
+    heads, D] of those rows as the reference sees them, q and k rotated)."""
+    L, nb = qkv.shape[0] - 1, 8
     block_table = np.array([[5, 1, 6, 2], [0, 3, 4, 7]], I32)
     k_cache, v_cache = caches(nb, 8)
-    rope = {**rope_args(64, 1.0), "window": window}
     out = np.zeros((L, NH * D), F16)
     OPS["attention_prefill"](dict(out=out, qkv=qkv[:L], k_cache=k_cache, v_cache=v_cache, block_table=block_table,
                                   slot=np.array([0], I32), n_real=np.array([t_real], I32), L=L, **rope), {})
-    pos = np.arange(t_real + 1)
-    q, k, v = split_ref(np.concatenate([qkv[:t_real], qkv[L:]]))
-    q, k = rotate_ref(q, pos, 1.0), rotate_ref(k, pos, 1.0)
-    want = sdpa_window_ref(q, k, v, window)
-    np.testing.assert_allclose(out[:t_real].astype(np.float64), want[:t_real], rtol=2e-3, atol=2e-3)
     step = np.zeros((2, NH * D), F16)
     OPS["attention_decode"](dict(out=step, qkv=np.stack([qkv[L], qkv[L]]), k_cache=k_cache, v_cache=v_cache,
                                  block_table=block_table, positions=np.array([t_real, 0], I32),
                                  active=np.array([1, 0], I32), B=2, **rope), {})
-    np.testing.assert_allclose(step[0].astype(np.float64), want[t_real], rtol=2e-3, atol=2e-3)
+    pos = np.arange(t_real + 1)
+    q, k, v = split_ref(np.concatenate([qkv[:t_real], qkv[L:]]))
+    return out[:t_real], step[0], rotate_ref(q, pos, 1.0), rotate_ref(k, pos, 1.0), v
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 100])
+def test_attention_windows_in_prefill_and_decode(window):
+    """A local layer: prefill of 37 tokens, then decode of token 37, both against SDPA over the window."""
+    qkv = np.random.default_rng(window).standard_normal((49, QKV)).astype(F16)
+    out, step, q, k, v = prefill_then_decode(qkv, {**rope_args(64, 1.0), "window": window})
+    want = sdpa_window_ref(q, k, v, window)
+    np.testing.assert_allclose(out.astype(np.float64), want[:-1], rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(step.astype(np.float64), want[-1], rtol=2e-3, atol=2e-3)
 
 
 def capped_attention_ref(q, k, v, cap: float) -> np.ndarray:
@@ -674,26 +679,12 @@ def test_attention_softcap_in_prefill_and_decode():
     """Grok-1's capped scores: prefill of 37 tokens, then decode of token 37, against the written-out
     reference; the cap (1.5, where the scores spread over about +-4) changes the output far beyond
     the tolerance."""
-    L, t_real, nb, cap = 48, 37, 8, 1.5
-    gen = np.random.default_rng(12)
-    qkv = (1.5 * gen.standard_normal((L + 1, QKV))).astype(F16)
-    block_table = np.array([[5, 1, 6, 2], [0, 3, 4, 7]], I32)
-    k_cache, v_cache = caches(nb, 8)
-    rope = {**rope_args(64, 1.0), "softcap": cap}
-    out = np.zeros((L, NH * D), F16)
-    OPS["attention_prefill"](dict(out=out, qkv=qkv[:L], k_cache=k_cache, v_cache=v_cache, block_table=block_table,
-                                  slot=np.array([0], I32), n_real=np.array([t_real], I32), L=L, **rope), {})
-    q, k, v = split_ref(np.concatenate([qkv[:t_real], qkv[L:]]))
-    pos = np.arange(t_real + 1)
-    q, k = rotate_ref(q, pos, 1.0), rotate_ref(k, pos, 1.0)
-    want = capped_attention_ref(q, k, v, cap)
+    qkv = (1.5 * np.random.default_rng(12).standard_normal((49, QKV))).astype(F16)
+    out, step, q, k, v = prefill_then_decode(qkv, {**rope_args(64, 1.0), "softcap": 1.5})
+    want = capped_attention_ref(q, k, v, 1.5)
     assert np.abs(want - sdpa_ref(q, k, v, causal=True)).max() > 0.1    # the cap matters here
-    np.testing.assert_allclose(out[:t_real].astype(np.float64), want[:t_real], rtol=2e-3, atol=2e-3)
-    step = np.zeros((2, NH * D), F16)
-    OPS["attention_decode"](dict(out=step, qkv=np.stack([qkv[L], qkv[L]]), k_cache=k_cache, v_cache=v_cache,
-                                 block_table=block_table, positions=np.array([t_real, 0], I32),
-                                 active=np.array([1, 0], I32), B=2, **rope), {})
-    np.testing.assert_allclose(step[0].astype(np.float64), want[t_real], rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(out.astype(np.float64), want[:-1], rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(step.astype(np.float64), want[-1], rtol=2e-3, atol=2e-3)
 
 
 @pytest.mark.parametrize("residual", [False, True])
