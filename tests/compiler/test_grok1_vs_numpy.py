@@ -39,7 +39,7 @@ RAW = {"architectures": ["Grok1ModelForCausalLM"], "model_type": "grok-1", "voca
        "num_experts": 8, "num_experts_per_tok": 2, "attn_output_multiplier": 0.25, "max_attn_value": 1.0,
        "embedding_multiplier_scale": 2.0, "output_multiplier_scale": 0.5, "max_position_embeddings": 256,
        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2}
-TOL = 1e-2      # of the logits' RMS: f16 activations and weights against float64
+TOL = 1e-2      # of the logits' RMS: f16 activations and weights against float64 (measured: 2.8e-3 prefill, 3.8e-3 decode)
 MARGIN = 2e-3
 
 

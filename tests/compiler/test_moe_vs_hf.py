@@ -32,7 +32,7 @@ from grokc.runner.cpu import OPS
 
 pytest.importorskip("transformers")
 
-TOL = 1e-2      # of the logits' RMS: f16 activations and weights against fp32 (measured: 2.6e-3 to 2.8e-3, decode)
+TOL = 1e-2      # of the logits' RMS: f16 activations and weights against fp32 (measured: 2.6e-3 to 2.9e-3, decode)
 MARGIN = 2e-3   # smallest gap between the k-th and (k+1)-th router probability the inputs keep
 CANDIDATES = 400   # seeded sequences tried; with 8 experts, top 3, about 1 in 30 keeps the margin
 
