@@ -6,8 +6,9 @@ A block is ``h += post_norm(attention(norm(h)))`` then ``h += post_norm(mlp(norm
 variants are ``ModelConfig``'s: q/k/v biases (``qkv_bias``), per-head RMSNorm of q and k before
 RoPE (``qk_norm``), the post norms (``post_norms``, else none), the gated MLP's activation
 (``activation``) or a mixture of experts in its place (``moe``, ``moe.py``), the layer's window and RoPE (``window(layer)``, ``core/rope.py``'s
-``rope_of_layer``), the softmax scale (``attn_scale``); the embedding is scaled by
-``embedding_scale``. Families differ only in these fields and in how their files name the tensors
+``rope_of_layer``), the softmax scale (``attn_scale``) and soft cap of the scores (``attn_softcap``,
+Grok-1); the embedding is scaled by ``embedding_scale``, the logits by ``logit_scale`` (folded into the
+final norm's weight by ``parameters``). Families differ only in these fields and in how their files name the tensors
 (``architecture.py``).
 
 ``TENSORS`` lists the model's tensors with the config conditions under which each is present
