@@ -12,7 +12,6 @@ from grokc.targets import (
     KernelCall,
     build_kernels,
     get_target,
-    nvcc,
     rules_linear,
     select,
 )
@@ -255,8 +254,7 @@ def test_invalid_calls():
         select(call(1, 64, 60), t)  # K % 8 != 0: not even the int4 layout allows it
 
 
-@pytest.mark.skipif(not nvcc.shutil.which("nvcc") and not nvcc.Path(nvcc.DEFAULT_NVCC).is_file(),
-                    reason="nvcc not found")
+@pytest.mark.usefixtures("nvcc")
 def test_every_choice_compiles():
     """Every symbol the rules pick for the two models' shapes (decode and prefill) compiles for sm90."""
     t = get_target("sm90")
