@@ -26,7 +26,6 @@ import torch
 from test_families_vs_hf import LOGIT_TOL, clear_greedy_prompt, prefill_logits, prompt, rel_err
 from tiny_families import hf_model
 
-from grokc.compiler import build as build_module
 from grokc.compiler import models
 from grokc.compiler.build import BuildOptions, build
 from grokc.runner import Runner, SamplingParams
@@ -57,28 +56,18 @@ def residual_shift(shift: int):
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """(model, shift) -> the CPU runner of that build (``shift`` None: the architecture's own), and the
-    transformers models by name; the builds share one nvcc run (their kernels are the same)."""
+    transformers models by name."""
     root = tmp_path_factory.mktemp("gemma3-f16-range")
     sources = {"overflowing": overflowing_gemma3(), "plain": hf_model("gemma3")}
     for name, (model, tok) in sources.items():
         model.save_pretrained(root / name)
         tok.save_pretrained(root / name)
-    real, nvcc = build_module.build_kernels, {}
-
-    def cached(kernels, target, *args, **kwargs):
-        key = (tuple(sorted(set(kernels))), target.name)
-        if key not in nvcc:
-            nvcc[key] = real(kernels, target, *args, **kwargs)
-        return nvcc[key]
-
     runners = {}
 
     def get(name: str, shift: int | None = None) -> Runner:
         if (name, shift) not in runners:
             out = root / f"{name}-{shift}"
-            off = contextlib.nullcontext() if shift is None else residual_shift(shift)
-            with pytest.MonkeyPatch.context() as mp, off:
-                mp.setattr(build_module, "build_kernels", cached)
+            with contextlib.nullcontext() if shift is None else residual_shift(shift):
                 build(root / name, out, BuildOptions(quant="fp16", **BUILD))
             runners[name, shift] = Runner(out, device="cpu")
         return runners[name, shift]
