@@ -30,7 +30,7 @@ from grokc.artifacts.manifest import (
     plan_file,
 )
 from grokc.artifacts.plan import Plan
-from grokc.compiler import __version__, memory_budget, quality, synthetic_weights
+from grokc.compiler import __version__, memory_budget, models, quality, synthetic_weights
 from grokc.compiler.calibrate import CalibrationOptions, calibrate
 from grokc.compiler.frontends import LoadedModel, check_finite, load_model
 from grokc.compiler.frontends.config_checks import check_tokenizer
@@ -236,7 +236,9 @@ def compile_loaded(loaded: LoadedModel, copts: CompileOptions, check_ir: bool = 
     else:
         progress("tracing with torch.export")
         module = trace_module(loaded.config, loaded.weights)
-    return run_passes(module, shared_passes(copts, loaded.config.moe is not None), check=check_ir, progress=progress)
+    shift = models.get(loaded.config.architecture).residual_shift
+    return run_passes(module, shared_passes(copts, loaded.config.moe is not None, shift), check=check_ir,
+                      progress=progress)
 
 
 def _carries_all(loaded: LoadedModel, recipe: QuantRecipe) -> bool:

@@ -23,6 +23,7 @@ from grokc.passes import (
     quantize,
     quantize_moe,
     rope_table,
+    scale_residual,
     sparse_residual,
     static_shapes,
 )
@@ -43,9 +44,11 @@ class CompileOptions:
     calibration: Calibration | None = None  # what a calibrated recipe needs (compiler/calibrate.py)
 
 
-def shared_passes(opts: CompileOptions, moe: bool = False) -> list[Pass]:
-    """The passes every architecture shares, in order (``moe``: the model has mixture-of-experts layers)."""
+def shared_passes(opts: CompileOptions, moe: bool = False, residual_shift: int = 0) -> list[Pass]:
+    """The passes every architecture shares, in order (``moe``: the model has mixture-of-experts layers;
+    ``residual_shift``: its architecture stores the residual stream times ``2**-residual_shift``)."""
     residual = [("sparse_residual", sparse_residual.run)] if opts.quant.fp16_residual else []
+    rescale = [("scale_residual", lambda m: scale_residual.run(m, residual_shift))] if residual_shift else []
     experts = [("fuse_moe", fuse_moe.run)] if moe else []
     quantize_experts = [("quantize_moe", lambda m: quantize_moe.run(m, opts.quant, opts.calibration))] if moe else []
     return [
@@ -54,6 +57,7 @@ def shared_passes(opts: CompileOptions, moe: bool = False) -> list[Pass]:
         *experts,
         ("fuse_epilogues", fuse_epilogues.run),
         ("rope_table", lambda m: rope_table.run(m, RopeTableConfig(length=opts.shapes.max_seq))),
+        *rescale,                       # only the families that ask: the others keep their bytes
         *quantize_experts,
         ("quantize", lambda m: quantize.run(m, opts.quant, opts.calibration)),
         ("static_shapes", lambda m: static_shapes.run(m, opts.shapes)),

@@ -60,7 +60,8 @@ _FUSED = {"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_gate_up": ("ffn_gate"
 def stored_weights(module: Module) -> dict[str, np.ndarray]:
     """Canonically named f32 weights as a quantized ``module`` stores them: every LINEAR's matrix as
     the kernels see it (int4 and int8 dequantized, plus any fp16 residual), fused ones (and their
-    biases) split back, norms and embeddings as stored."""
+    biases) split back, norms and embeddings as stored (the post-norms divided by the residual
+    stream's scale, ``meta.residual_scale``: the model they compute)."""
     cfg = module.config
     g = next(iter(module.graphs.values()))
     out: dict[str, np.ndarray] = {}
@@ -85,10 +86,12 @@ def stored_weights(module: Module) -> dict[str, np.ndarray]:
         for suffix, a in stored.items():
             for p, chunk in zip(parts, np.split(a, np.cumsum(sizes)[:-1])):
                 out[names.name(names.Tensor(p), int(layer), suffix)] = chunk
+    # the norms adding into the residual stream, whose weights hold its scale (passes/scale_residual.py)
+    post = {n.inputs["weight"] for n in g.nodes if n.op is OpKind.RMS_NORM and "residual" in n.inputs}
     for name, a in module.params.items():   # every norm weight, wherever its node reads it
         parsed = names.parse(name)
         if parsed is not None and parsed[0].is_norm:
-            out[name] = np.asarray(a, np.float32)
+            out[name] = np.asarray(a, np.float32) / np.float32(module.meta.residual_scale if name in post else 1.0)
     for layer in range(cfg.num_layers) if cfg.moe else ():
         base = {k: names.name(k, layer).removesuffix(".weight") for k in (names.Tensor.FFN_GATE_UP_EXPS, names.Tensor.FFN_DOWN_EXPS)}
         gate_up, down = (next(w for key, w in experts.items() if key.startswith(b + ".")) for b in base.values())

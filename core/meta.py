@@ -137,6 +137,7 @@ class ModuleMeta:
     memory: MemoryPlan | None = None
     passes: tuple[str, ...] = field(default=())
     carried: Mapping[str, CarriedInt4] = field(default_factory=dict)  # canonical weight name -> grid
+    residual_scale: float = 1.0   # the residual stream is stored times this (passes/scale_residual.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "passes", tuple(self.passes))

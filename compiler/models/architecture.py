@@ -69,6 +69,8 @@ class Architecture:
     gguf_sentencepiece: SentencePiece = SentencePiece.LLAMA
     hf_norm_shift: float = 0.0                  # HF norm weights are w where the model scales by w + shift;
                                                 # the canonical (GGUF) ones hold w + shift (Gemma: 1)
+    residual_shift: int = 0                     # its f16 residual stream is stored times 2**-residual_shift
+                                                # (passes/scale_residual.py): 0, as computed
 
     def weight_shapes(self, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """Every weight a model of ``cfg`` has, canonical name -> shape (``[out, in]`` for linears),

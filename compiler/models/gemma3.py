@@ -10,7 +10,9 @@ Config keys (``Gemma3TextConfig``): ``head_dim`` (256), ``query_pre_attn_scalar`
 ``rope_scaling`` + ``rope_local_base_freq`` (1e4); ``hidden_activation`` must be
 ``gelu_pytorch_tanh``; ``final_logit_softcapping`` and bidirectional attention are refused
 (``attn_logit_softcapping`` is inert in transformers' Gemma 3 and ignored). Hugging Face norm
-weights are ``w``: the frontend stores ``1 + w``, as GGUF files do (``hf_norm_shift``).
+weights are ``w``: the frontend stores ``1 + w``, as GGUF files do (``hf_norm_shift``). Its
+residual stream passes the f16 range, so the build stores it times ``2**-RESIDUAL_SHIFT``
+(``residual_shift``: ``passes/scale_residual.py``, exact: the logits are unchanged).
 
 GGUF (``general.architecture`` gemma3) lacks the pattern, the local base and the query scalar;
 they are taken as llama.cpp takes them: pattern 6, base 10000, ``query_pre_attn_scalar`` =
@@ -34,6 +36,10 @@ from grokc.core.tensors import LLAMA_HF, Tensor
 PATTERN = 6            # every sixth layer is global (llama.cpp's set_swa_pattern(6))
 LOCAL_BASE = 10000.0   # the local layers' RoPE base (rope_local_base_freq)
 _27B_LAYERS = 62       # llama.cpp's LLM_TYPE_27B, whose query scalar is hidden / heads
+# The residual stream is stored times 2**-4 (passes/scale_residual.py): on Gemma-3-270M (fp32, from
+# its GGUF) it reaches about 1.04e5 in the last layers, past f16's 65504 (q/k/v, the o and down
+# projections and the MLP's activations stay below 700); 1/16 keeps it near 6.5e3 with 10x to spare.
+RESIDUAL_SHIFT = 4
 
 
 def _shared(hidden: int, scalar: float) -> dict[str, Any]:
@@ -94,4 +100,5 @@ ARCH = Architecture(
     gguf_config=_gguf_config,
     hf_norm_shift=1.0,
     gguf_sentencepiece=SentencePiece.GEMMA,
+    residual_shift=RESIDUAL_SHIFT,
 )

@@ -3,7 +3,9 @@ GGUF): slow, minutes on the 2-core machine (transformers dequantizes the file an
 262,144-token tokenizer; grokc builds it twice).
 
 - ``--quant fp16`` build, CPU plan: the first 16 greedy tokens of three prompts equal transformers',
-  and the prompts' last-token logits are within 3e-2 of their RMS with the same argmax;
+  and the prompts' last-token logits are within 3e-2 of their RMS with the same argmax (measured:
+  3.5e-3 to 6.4e-3). Its residual stream reaches about 1e5, past f16's range: the build stores it
+  times 2**-4 (``passes/scale_residual.py``);
 - the default recipe (int4, GPTQ; cheap calibration here) builds and reports its quality;
 - the tokenizer grokc rebuilds from the GGUF (SentencePiece, merges from the vocabulary order)
   tokenizes the 300 strings of ``tokenizer_strings.py`` as transformers' does, and decodes them back
@@ -23,10 +25,7 @@ from grokc.compiler.calibrate import CalibrationOptions
 from grokc.runner import Runner, SamplingParams
 
 transformers = pytest.importorskip("transformers")
-# Known failure, not yet fixed: Gemma 3's activations pass the f16 range in the residual stream
-# (post-norm outputs added in f16), so the fp16 build's logits are NaN on the CPU plan. These tests
-# return once the residual stream of such models is f32 (the families issue, item 5).
-pytestmark = [pytest.mark.slow, pytest.mark.skip(reason="Gemma-3-270M's f16 residual stream overflows to NaN (needs an f32 residual stream)")]
+pytestmark = pytest.mark.slow
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
 LOGIT_TOL = 3e-2
@@ -79,7 +78,8 @@ def test_default_recipe_builds_with_a_quality_report(tmp_path, gemma3_gguf):
                                                                   quality_context=256, **BUILD))
     assert manifest.quant.name == "int4" and manifest.quant.weight_format == "q4"
     report = manifest.quant.quality
-    assert report["ppl_artifact"] > report["ppl_reference"] > 1 and 0 < report["top1_agreement"] < 1
+    for genre, r in report["genres"].items():
+        assert r["ppl_artifact"] > r["ppl_reference"] > 1 and 0 < r["top1_agreement"] < 1, genre
 
 
 def test_tokenizer_matches_transformers(fp16, tokenizer):
