@@ -90,15 +90,16 @@ Semantics (fp16 storage, fp32 arithmetic unless stated):
   ``[L, (NH + 2*NKV) * D]`` holds q heads, then k heads, then v heads. RoPE (below) rotates q and
   k; rotated q and k are rounded to f16. For ``t < t_real``: the rotated ``k_t`` and ``v_t`` are
   stored in the KV cache at position ``t`` of slot ``b``, and ``out[t]`` is causal grouped-query
-  attention of ``q_t`` over keys/values ``lo(t)..t`` with ``softmax(scale * q.k)`` (query head ``h``
+  attention of ``q_t`` over keys/values ``lo(t)..t`` with ``softmax(cap(scale * q.k))`` (query head ``h``
   reads kv head ``h // (NH / NKV)``, in decode too), where ``lo(t) = 0``, or
   ``max(0, t - window + 1)`` when ``window > 0`` (a local layer: ``window`` keys, the query's own
-  included). Rows ``t >= t_real`` of ``out`` are zero and nothing of them reaches the cache.
+  included), ``cap(s) = softcap * tanhf(s / softcap)`` when ``softcap > 0`` (Grok-1's 30), else ``s``;
+  f32 scores. Rows ``t >= t_real`` of ``out`` are zero and nothing of them reaches the cache.
 
 ``attention_decode``: one new token per slot. For each ``b < B`` with ``active[b] != 0`` and
   ``p = positions[b]``: rotate q and k at position ``p``, store k and v at position ``p`` of slot
   ``b``, and ``out[b]`` is attention of ``q`` over positions ``lo(p)..p`` of the slot (``lo`` as
-  in prefill: a local layer reads only its window of the cache). Inactive slots get a zero row and
+  in prefill: a local layer reads only its window of the cache; scores capped as in prefill). Inactive slots get a zero row and
   leave the cache untouched.
 
   KV cache: ``k_cache``, ``v_cache`` f16 ``[NB, NKV, S, D]`` per layer. Position ``p`` of slot
@@ -203,7 +204,7 @@ KV_BLOCK_SIZE = 16  # tokens per KV-cache block ("slot of 16 tokens" in DESIGN.m
 
 _ROPE_AND_CACHE = (_p("rope_table"), _p("inv_freq"), _p("k_cache"), _p("v_cache"), _p("block_table"))
 _ATTN_SCALARS = (_i("n_heads"), _i("n_kv_heads"), _i("head_dim"), _i("table_len"), _i("max_blocks"),
-                 _i("window"), _f("scale"), _f("mscale"))
+                 _i("window"), _f("scale"), _f("mscale"), _f("softcap"))
 
 KERNEL_ABI: dict[str, tuple[Param, ...]] = {
     "embedding": (_p("out"), _p("tokens"), _p("table"), _p("scales", True), _p("zeros", True),
@@ -247,5 +248,6 @@ KERNEL_VARIANTS: dict[str, dict[str, tuple[str, ...]]] = {
     "linear": {"weight_format": ("f16", "q4", "q8"), "act": ("none", "silu_mul", "gelu_tanh_mul"),
                "out_dtype": ("f16", "f32"),
                "x_dtype": ("f16", "f32"), "residual_dtype": ("f16", "f32")},
-    "moe_linear": {"weight_format": ("f16", "q4"), "act": ("none", "silu_mul"), "out_dtype": ("f16", "f32")},
+    "moe_linear": {"weight_format": ("f16", "q4"), "act": ("none", "silu_mul", "gelu_tanh_mul"),
+                   "out_dtype": ("f16", "f32")},
 }

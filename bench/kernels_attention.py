@@ -57,7 +57,8 @@ CHAIN = 20                              # launches per timed graph, at least
 def attn_scalars(rows_name: str, rows: int, max_blocks: int) -> dict:
     """The scalar arguments of an attention launch of the Llama-3.2-1B shape."""
     return {rows_name: rows, "n_heads": NH, "n_kv_heads": NKV, "head_dim": D, "table_len": TABLE_LEN,
-            "max_blocks": max_blocks, "window": 0, "scale": D ** -0.5, "mscale": 1.0}
+            "max_blocks": max_blocks, "window": 0, "scale": D ** -0.5, "mscale": 1.0,
+            "softcap": 0.0}
 
 
 def rope_np(d: int) -> tuple[np.ndarray, np.ndarray]:

@@ -146,7 +146,8 @@ def _attention(m: Module, g: Graph, n: Node):
     refs.update({r: n.inputs[r] for r in (("slot", "n_real") if prefill else ("positions", "active"))})
     dims = {"L" if prefill else "B": g.tensors[n.inputs["qkv"]].shape[0], "n_heads": a.n_heads,
             "n_kv_heads": a.n_kv_heads, "head_dim": a.head_dim, "table_len": rope.table_length,
-            "max_blocks": shapes.max_blocks_per_seq, "window": a.window, "scale": a.scale, "mscale": rope.mscale}
+            "max_blocks": shapes.max_blocks_per_seq, "window": a.window, "scale": a.scale, "mscale": rope.mscale,
+            "softcap": a.softcap}
     return ("attention_prefill" if prefill else "attention_decode"), {}, refs, dims
 
 

@@ -30,6 +30,7 @@ import torch
 from grokc.abi import int4, int8
 from grokc.compiler import models
 from grokc.compiler.frontends import LoadedModel
+from grokc.compiler.models import transformer
 from grokc.compiler.text import Text, spread_windows
 from grokc.core import tensors as names
 from grokc.core.config import ModelConfig
@@ -46,7 +47,7 @@ def reference_model(cfg: ModelConfig, weights: Mapping[str, np.ndarray]) -> torc
     (``names.LM_HEAD``, when given, becomes a head of its own even if the config ties it to the
     embeddings)."""
     model = models.get(cfg.architecture).model(cfg).eval()
-    state = {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in weights.items()}
+    state = {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in transformer.parameters(cfg, weights).items()}
     if names.LM_HEAD in state and model.output is None:
         model.output = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
     model.load_state_dict(state, strict=False)
@@ -93,7 +94,7 @@ def stored_weights(module: Module) -> dict[str, np.ndarray]:
         gate_up, down = (next(w for key, w in experts.items() if key.startswith(b + ".")) for b in base.values())
         out.update(fuse_moe.canonical_weights(layer, out.pop(names.name(names.Tensor.FFN_GATE_INP, layer)), gate_up, down,
                                               cfg.moe.n_experts, cfg.moe.shared_size))
-    return out
+    return transformer.unfold(cfg, out)
 
 
 def _dense_experts(module: Module, n: Node) -> np.ndarray:

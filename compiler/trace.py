@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from grokc.compiler import models
+from grokc.compiler.models import transformer
 from grokc.core.config import ModelConfig
 from grokc.core.errors import UnsupportedModel, UnsupportedOp
 from grokc.core.ir import (
@@ -54,7 +55,8 @@ def trace_module(cfg: ModelConfig, weights: Mapping[str, np.ndarray]) -> Module:
     arch = models.get(cfg.architecture)
     ep = export_model(cfg)
     graph = _convert(ep)
-    params = {name: frozen_array(np.asarray(a)) for name, a in {**weights, **arch.model.constants(cfg)}.items()}
+    attached = {**transformer.parameters(cfg, weights), **arch.model.constants(cfg)}   # logit_scale folded in
+    params = {name: frozen_array(np.asarray(a)) for name, a in attached.items()}
     missing = sorted(
         src for n in graph.nodes for src in n.inputs.values() if src not in params and src not in graph.tensors
     )
@@ -158,7 +160,8 @@ def _rope(fx, name, a, _):
 
 def _attention(fx, name, a, layers):
     attrs = AttentionAttrs(layer=next(layers), n_heads=int(a[3]), n_kv_heads=int(a[4]), head_dim=int(a[5]),
-                           scale=float(a[6]), window=int(a[7]) if len(a) > 7 else 0)
+                           scale=float(a[6]), window=int(a[7]) if len(a) > 7 else 0,
+                           softcap=float(a[8]) if len(a) > 8 else 0.0)
     return Node(OpKind.ATTENTION, name, {"q": a[0], "k": a[1], "v": a[2]}, (name,), attrs)
 
 
@@ -174,7 +177,7 @@ def _silu(fx, name, a, _):
 
 _MOE_ROLES = ("x", "router", "gate_exps", "up_exps", "down_exps", "shexp_gate", "shexp_up", "shexp_down",
               "shexp_gate_inp")
-_MOE_ACTS = {"silu": Act.SILU_MUL}
+_MOE_ACTS = {"silu": Act.SILU_MUL, "gelu_tanh": Act.GELU_TANH_MUL}
 
 
 def _moe(fx, name, a, _):

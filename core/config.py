@@ -131,6 +131,8 @@ class ModelConfig:
     activation: Activation = Activation.SILU
     embedding_scale: float = 1.0           # token embeddings are multiplied by this (Gemma 3: sqrt(hidden))
     attention_scale: float | None = None   # softmax scale; None: head_dim ** -0.5
+    attn_softcap: float = 0.0              # scaled scores s become c * tanh(s / c) before the softmax (Grok-1: 30); 0: none
+    logit_scale: float = 1.0               # the LM head's logits are multiplied by it (Grok-1's output multiplier)
     sliding_window: int = 0                # keys a query of a local layer sees, itself included; 0: no local layers
     local_layers: tuple[int, ...] = ()     # layers attending over the last sliding_window positions only
     rope_local: RopeConfig | None = None   # the local layers' own RoPE (Gemma 3); None: ``rope``
@@ -151,6 +153,9 @@ class ModelConfig:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
             )
+        _number("logit_scale", self.logit_scale, above=0.0)
+        if not isinstance(self.attn_softcap, (int, float)) or not 0 <= self.attn_softcap < math.inf:
+            raise ValueError(f"attn_softcap is {self.attn_softcap!r}; it must be 0 (none) or a finite positive cap")
         if self.head_dim % 2:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
         if bool(self.sliding_window > 0) != bool(self.local_layers):

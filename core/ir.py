@@ -237,6 +237,7 @@ class AttentionAttrs:
     mode: AttnMode = AttnMode.CAUSAL
     fused_rope: bool = False
     window: int = 0    # keys a query sees, itself included (a local layer); 0: every earlier position
+    softcap: float = 0.0   # scaled scores s become softcap * tanh(s / softcap) (Grok-1); 0: none
 
 
 Attrs = Union[NoAttrs, RmsNormAttrs, QkNormAttrs, EmbeddingAttrs, LinearAttrs, SparseResidualAttrs, MlpDecodeAttrs,

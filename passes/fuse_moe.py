@@ -80,7 +80,8 @@ def _fuse_graph(g: Graph, module: Module) -> tuple[Graph, dict[str, np.ndarray]]
         new_params.update(params)
         replaced[(add or moe).name] = nodes
         dropped |= {moe.name} | ({norm.name} if norm else set())
-    nodes = [m for n in g.nodes if n.name not in dropped for m in replaced.get(n.name, [n])]
+    # the expansion sits where its anchor was (the MOE itself when no ADD reads it: a post norm, Grok-1)
+    nodes = [m for n in g.nodes for m in replaced.get(n.name, [] if n.name in dropped else [n])]
     return rebuild_graph(g, nodes, new_types), new_params
 
 

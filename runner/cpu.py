@@ -266,11 +266,13 @@ def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(F16)
 
 
-def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal: bool, window: int = 0) -> np.ndarray:
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal: bool, window: int = 0,
+            softcap: float = 0.0) -> np.ndarray:
     """Softmax attention in f32 of q f16 ``[T, NH, D]`` over k, v f16 ``[S, NKV, D]`` -> ``[T, NH, D]``.
 
     Query head h reads kv head ``h // (NH // NKV)``; with ``causal`` (T == S) query t sees keys 0..t,
-    and only ``t - window < j`` of them when ``window > 0``.
+    and only ``t - window < j`` of them when ``window > 0``; ``softcap > 0`` caps the scaled scores
+    (``softcap * tanh(s / softcap)``).
     """
     t, nh, d = q.shape
     nkv = k.shape[1]
@@ -283,6 +285,8 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal: b
     for j in range(nkv):
         qj = q[:, j * g:(j + 1) * g].astype(F32).transpose(1, 0, 2)       # [G, T, D]
         s = (qj @ k[:, j].astype(F32).T) * F32(scale)                      # [G, T, S]
+        if softcap > 0:
+            s = F32(softcap) * np.tanh(s / F32(softcap))
         if mask is not None:
             s = np.where(mask, s, F32(-np.inf))
         e = np.exp(s - s.max(axis=-1, keepdims=True))
@@ -333,7 +337,8 @@ def attention_prefill(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
     v_cache[blocks, :, rows] = v
     out[t_real:] = 0
     if t_real:
-        out[:t_real] = _attend(q, k, v, args["scale"], causal=True, window=args["window"]).reshape(t_real, -1)
+        out[:t_real] = _attend(q, k, v, args["scale"], causal=True, window=args["window"],
+                               softcap=args["softcap"]).reshape(t_real, -1)
 
 
 def attention_decode(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
@@ -353,7 +358,7 @@ def attention_decode(args: dict[str, Any], attrs: Mapping[str, str]) -> None:
         k_cache[blocks[-1], :, rows[-1]] = k[i]
         v_cache[blocks[-1], :, rows[-1]] = v[i]
         keys, values = k_cache[blocks, :, rows], v_cache[blocks, :, rows]  # [p+1-lo, NKV, D]
-        out[b] = _attend(q[i:i + 1], keys, values, args["scale"], causal=False).reshape(-1)
+        out[b] = _attend(q[i:i + 1], keys, values, args["scale"], causal=False, softcap=args["softcap"]).reshape(-1)
 
 
 # -- sampling ----------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ denormals and approximate every division and transcendental in every kernel of t
 sampler's softmax included); the kernels call the fast intrinsics (``__expf``, ``rsqrtf``) where
 they want them.
 
-nvcc is ``$GROKC_NVCC``, else ``nvcc`` on PATH, else ``/usr/local/cuda/bin/nvcc``. With
+nvcc is ``$GROKC_NVCC``, else ``nvcc`` on PATH, else ``/usr/local/cuda/bin/nvcc``. Its output is kept in
+``kernel_cache`` (content-addressed: a hit is the bytes a compile would give). With
 ``GROKC_DEBUG=1`` a compile error carries nvcc's whole log instead of its first error line.
 """
 
@@ -28,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from grokc.core.errors import TargetError
+from grokc.targets import kernel_cache
 from grokc.targets.base import Target
 from grokc.targets.select import MODULES, owner
 
@@ -87,11 +89,15 @@ def build_kernels(kernels: Sequence[str], target: Target, extra_flags: Sequence[
     """Compile exactly these kernel symbols for ``target``; the cubin's (or fatbin's) bytes."""
     nvcc = find_nvcc()
     source = translation_unit(kernels, trace)
+    args = [*FLAGS, *arch_flags(target), f"-I{KERNEL_DIR}", *extra_flags, "-o", "kernels.bin", "kernels.cu"]
+    entry = kernel_cache.key(nvcc, args, source, KERNEL_DIR)
+    cached = kernel_cache.get(entry)
+    if cached is not None:
+        return cached
     with tempfile.TemporaryDirectory(prefix="grokc-nvcc-") as tmp:
         src, cubin = Path(tmp) / "kernels.cu", Path(tmp) / "kernels.bin"
         src.write_text(source)
-        cmd = [nvcc, *FLAGS, *arch_flags(target), f"-I{KERNEL_DIR}", *extra_flags, "-o", cubin.name, src.name]
-        proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
+        proc = subprocess.run([nvcc, *args], cwd=tmp, capture_output=True, text=True)
         if proc.returncode != 0:
             log = (proc.stdout + proc.stderr).strip()
             if os.environ.get("GROKC_DEBUG"):
@@ -100,7 +106,9 @@ def build_kernels(kernels: Sequence[str], target: Target, extra_flags: Sequence[
                 errors = [ln for ln in log.splitlines() if "error" in ln.lower()]
                 detail = ": " + (errors[0] if errors else (log.splitlines() or ["(no output)"])[-1]).strip()
             raise TargetError(f"nvcc failed for {target.nvcc_arch} ({len(set(kernels))} kernels){detail}")
-        return cubin.read_bytes()
+        data = cubin.read_bytes()
+    kernel_cache.put(entry, data)
+    return data
 
 
 def ptxas_report(kernels: Sequence[str], target: Target) -> str:

@@ -24,14 +24,17 @@ FAMILIES = {  # grokc architecture, MoeConfig, transformers classes
     # many small experts, top-k weights not renormalised, a gated shared expert
     "qwen2_moe": ("qwen2_moe", MoeConfig(8, 3, 32, norm_top_k=False, shared_size=48, shared_gate=True),
                   "Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
+    # Qwen3's attention (q/k norms, head_dim 32 where hidden / heads is 16), weights renormalised, no shared expert
+    "qwen3_moe": ("qwen3_moe", MoeConfig(8, 3, 32, norm_top_k=True), "Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
 }
 
 
 def moe_config(family: str = "mixtral", **overrides) -> ModelConfig:
     arch, moe, _, _ = FAMILIES[family]
     # Qwen2-MoE with its attention biases (qkv_bias, on in the published checkpoints)
+    qwen3 = {"qk_norm": True, "head_dim": 32} if arch == "qwen3_moe" else {}
     return tiny_config(architecture=arch, moe=moe, intermediate_size=moe.expert_size,
-                       **{"qkv_bias": arch == "qwen2_moe", **overrides})
+                       **{"qkv_bias": arch == "qwen2_moe", **qwen3, **overrides})
 
 
 def moe_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
@@ -69,9 +72,26 @@ def hf_kwargs(cfg: ModelConfig) -> dict:
     if cfg.architecture == "mixtral":
         return {**d, "num_local_experts": moe.n_experts, "num_experts_per_tok": moe.top_k,
                 "sliding_window": cfg.sliding_window or None}
-    return {**d, "num_experts": moe.n_experts, "num_experts_per_tok": moe.top_k, "moe_intermediate_size": moe.expert_size,
-            "shared_expert_intermediate_size": moe.shared_size, "norm_topk_prob": moe.norm_top_k, "qkv_bias": cfg.qkv_bias,
-            "decoder_sparse_step": 1, "mlp_only_layers": [], "use_sliding_window": False}
+    qwen = {**d, "num_experts": moe.n_experts, "num_experts_per_tok": moe.top_k, "moe_intermediate_size": moe.expert_size,
+            "norm_topk_prob": moe.norm_top_k, "decoder_sparse_step": 1, "mlp_only_layers": [], "use_sliding_window": False}
+    if cfg.architecture == "qwen3_moe":
+        return {**qwen, "attention_bias": cfg.qkv_bias}
+    return {**qwen, "shared_expert_intermediate_size": moe.shared_size, "qkv_bias": cfg.qkv_bias}
+
+
+def rel_error(got: np.ndarray, want: np.ndarray) -> float:
+    """The largest error of ``got`` as a fraction of ``want``'s RMS."""
+    return float(np.abs(got - want).max() / np.sqrt((want ** 2).mean()))
+
+
+def prefill_logits(runner, tokens: list[int]) -> np.ndarray:
+    """The last token's logits of ``runner``'s prefill of ``tokens`` (its slot released after)."""
+    from grokc.runner import SamplingParams
+
+    slot = runner.engine.add(tokens, SamplingParams(max_new_tokens=2))
+    got = runner.executor.read(runner.plan.graphs[f"prefill_{runner.engine.bucket_for(len(tokens))}"].logits)[0]
+    runner.engine.release(slot)
+    return got
 
 
 def hf_model(cfg: ModelConfig, weights: dict[str, np.ndarray], folder) -> torch.nn.Module:

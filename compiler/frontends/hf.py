@@ -53,6 +53,9 @@ def load_hf(folder: Path, progress: Callable[[str], None] | None = None) -> Load
     folder = Path(folder)
     raw = _read_json(folder / "config.json")
     config = config_from_hf(raw, folder, _read_json(folder / "generation_config.json", missing_ok=True))
+    if not models.get(config.architecture).hf_weights:
+        raise UnsupportedModel(f"folder '{folder}' is a {config.architecture} model, whose checkpoints grokc does not "
+                               "read; build its config with --synthetic-weights")
     if not (folder / "tokenizer.json").is_file():
         raise UnsupportedModel(
             f"folder '{folder}' has no tokenizer.json; save the fast tokenizer there (tokenizer.save_pretrained)"

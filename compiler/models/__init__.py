@@ -6,12 +6,12 @@ family is its file, its entry in ``ARCHITECTURES`` and its tests.
 
 from __future__ import annotations
 
-from grokc.compiler.models import gemma3, llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3
+from grokc.compiler.models import gemma3, grok1, llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe
 from grokc.compiler.models.architecture import Architecture
 from grokc.core.errors import UnsupportedModel
 
 ARCHITECTURES: dict[str, Architecture] = {m.ARCH.name: m.ARCH for m in (llama, mistral, qwen2, qwen3, gemma3, phi3,
-                                                                         mixtral, qwen2_moe)}
+                                                                         mixtral, qwen2_moe, qwen3_moe, grok1)}
 
 
 def supported() -> str:

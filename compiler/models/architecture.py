@@ -65,6 +65,7 @@ class Architecture:
     config_tensors: tuple[Tensor, ...] = ()     # GGUF tensors that hold config (rope factors), not weights
     gguf_permutes_qk: bool = False              # convert_hf_to_gguf.py interleaved q/k rows (unpermute_qk)
     gguf_moe: bool = False                      # its GGUF form is gguf_arch with <arch>.expert_count > 0 (Mixtral)
+    hf_weights: bool = True                     # False: config.json only (--synthetic-weights; Grok-1)
     gguf_sentencepiece: SentencePiece = SentencePiece.LLAMA
     hf_norm_shift: float = 0.0                  # HF norm weights are w where the model scales by w + shift;
                                                 # the canonical (GGUF) ones hold w + shift (Gemma: 1)

@@ -56,8 +56,8 @@ def add_params(block: nn.Module, cfg: ModelConfig) -> None:
 
 
 def act_name(cfg: ModelConfig) -> str:
-    """The experts' gated activation, a key of ``ACTIVATIONS``."""
-    return "silu"
+    """The experts' gated activation, a key of ``ACTIVATIONS``: the config's (Grok-1's GELU)."""
+    return cfg.activation.value
 
 
 def weight(block: nn.Module, kind: str) -> torch.Tensor | None:
@@ -116,6 +116,15 @@ def moe(x: torch.Tensor, router: torch.Tensor, gate_exps: torch.Tensor, up_exps:
 def _(x, router, gate_exps, up_exps, down_exps, shexp_gate, shexp_up, shexp_down, shexp_gate_inp, top_k, norm_top_k,
       act):
     return torch.empty_like(x)
+
+
+def refuse_dense_layers(raw: dict, where: str) -> None:
+    """Refuse a Qwen-MoE config.json with dense MLP layers between the sparse ones
+    (``decoder_sparse_step`` > 1 or ``mlp_only_layers``): grokc's MoE models are sparse in every layer."""
+    if int(raw.get("decoder_sparse_step") or 1) != 1 or raw.get("mlp_only_layers"):
+        raise UnsupportedModel(f"{where} mixes dense and sparse layers (decoder_sparse_step "
+                               f"{raw.get('decoder_sparse_step', 1)}, mlp_only_layers {raw.get('mlp_only_layers')}); "
+                               "only models whose every layer is a mixture of experts are supported")
 
 
 def read_config(read: Callable[[], MoeConfig], where: str, family: str) -> dict:

@@ -73,20 +73,25 @@ def _(x, positions, inv_freq, head_dim, mscale, short_inv_freq=None, short_until
 
 @custom_op("grokc::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_heads: int, n_kv_heads: int,
-              head_dim: int, scale: float, window: int = 0) -> torch.Tensor:
+              head_dim: int, scale: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """Causal grouped-query attention over the ``T`` given tokens: ``q [T, NH*D]``,
     ``k, v [T, NKV*D]`` -> ``[T, NH*D]``; with ``window`` > 0, query ``i`` sees keys ``j`` with
-    ``i - window < j <= i`` only."""
+    ``i - window < j <= i`` only; with ``softcap`` > 0 the scaled scores ``s`` become
+    ``softcap * tanh(s / softcap)`` before the softmax (Grok-1)."""
     t = q.shape[0]
     qh = q.reshape(t, n_heads, head_dim).transpose(0, 1)  # [NH, T, D]
     kh = k.reshape(t, n_kv_heads, head_dim).transpose(0, 1).repeat_interleave(n_heads // n_kv_heads, 0)
     vh = v.reshape(t, n_kv_heads, head_dim).transpose(0, 1).repeat_interleave(n_heads // n_kv_heads, 0)
     i = torch.arange(t, device=q.device)
     visible = (i[None, :] <= i[:, None]) & ((i[None, :] > i[:, None] - window) if window > 0 else True)  # [T, T]
+    if softcap > 0:
+        s = softcap * torch.tanh((qh.float() @ kh.float().transpose(1, 2)) * scale / softcap)   # [NH, T, T]
+        p = torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1)
+        return (p @ vh.float()).to(q.dtype).transpose(0, 1).reshape(t, n_heads * head_dim)
     out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=visible, scale=scale)
     return out.transpose(0, 1).reshape(t, n_heads * head_dim)
 
 
 @attention.register_fake
-def _(q, k, v, n_heads, n_kv_heads, head_dim, scale, window=0):
+def _(q, k, v, n_heads, n_kv_heads, head_dim, scale, window=0, softcap=0.0):
     return torch.empty_like(q)

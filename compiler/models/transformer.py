@@ -6,8 +6,9 @@ A block is ``h += post_norm(attention(norm(h)))`` then ``h += post_norm(mlp(norm
 variants are ``ModelConfig``'s: q/k/v biases (``qkv_bias``), per-head RMSNorm of q and k before
 RoPE (``qk_norm``), the post norms (``post_norms``, else none), the gated MLP's activation
 (``activation``) or a mixture of experts in its place (``moe``, ``moe.py``), the layer's window and RoPE (``window(layer)``, ``core/rope.py``'s
-``rope_of_layer``), the softmax scale (``attn_scale``); the embedding is scaled by
-``embedding_scale``. Families differ only in these fields and in how their files name the tensors
+``rope_of_layer``), the softmax scale (``attn_scale``) and soft cap of the scores (``attn_softcap``,
+Grok-1); the embedding is scaled by ``embedding_scale``, the logits by ``logit_scale`` (folded into the
+final norm's weight by ``parameters``). Families differ only in these fields and in how their files name the tensors
 (``architecture.py``).
 
 ``TENSORS`` lists the model's tensors with the config conditions under which each is present
@@ -20,7 +21,7 @@ the canonical ones of ``core/tensors.py`` (llama.cpp's: ``blk.3.attn_q.weight``)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,6 +56,26 @@ def constants(cfg: ModelConfig) -> dict[str, np.ndarray]:
         if short is not None:
             out[name + _SHORT] = short[0].astype(np.float32)
     return out
+
+
+OUTPUT_NORM = "output_norm.weight"
+
+
+def parameters(cfg: ModelConfig, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The model's parameter values from canonically named ``weights``: the weights as they are, but
+    for the LM head's multiplier (``logit_scale``, Grok-1's output multiplier), folded into the final
+    norm's weight: ``head(rms(h) * (s * w)) = s * head(rms(h) * w)``, so no graph has a scaling op.
+    ``compiler/trace.py`` and ``compiler/quality.reference_model`` attach these; ``unfold`` inverts it."""
+    if cfg.logit_scale == 1.0 or OUTPUT_NORM not in weights:
+        return dict(weights)
+    return {**weights, OUTPUT_NORM: (np.asarray(weights[OUTPUT_NORM], np.float32) * np.float32(cfg.logit_scale))}
+
+
+def unfold(cfg: ModelConfig, params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Canonical weights from stored parameters: ``parameters``' fold of ``logit_scale`` undone."""
+    if cfg.logit_scale == 1.0 or OUTPUT_NORM not in params:
+        return dict(params)
+    return {**params, OUTPUT_NORM: np.asarray(params[OUTPUT_NORM], np.float32) / np.float32(cfg.logit_scale)}
 
 
 class RMSNorm(nn.Module):
@@ -117,7 +138,7 @@ class Block(nn.Module):
         q = torch.ops.grokc.rope(q, positions, rope[0], cfg.head_dim, *rope[1:])
         k = torch.ops.grokc.rope(k, positions, rope[0], cfg.head_dim, *rope[1:])
         a = torch.ops.grokc.attention(q, k, v, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attn_scale,
-                                      self.window)                                     # [T, NH*D]
+                                      self.window, cfg.attn_softcap)                   # [T, NH*D]
         o = self.attn_output(a)
         h = h + (self.post_attention_norm(o) if cfg.post_norms else o)
         x = self.ffn_norm(h)

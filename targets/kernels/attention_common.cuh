@@ -139,6 +139,13 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// The log2-domain score of a raw q.k product: dot * scale * log2(e), or with softcap > 0 (Grok-1)
+// softcap * tanhf(dot * scale / softcap) * log2(e). Callers hoist the constants: sl2 = scale * kLog2e,
+// cap_l2 = softcap * kLog2e, inv_cap = scale / softcap (unused when softcap == 0).
+__device__ __forceinline__ float score_log2(float dot, float sl2, float softcap, float cap_l2, float inv_cap) {
+  return softcap > 0.f ? cap_l2 * tanhf(dot * inv_cap) : dot * sl2;
+}
+
 // Online-softmax step for the two rows (g, g+8) a thread holds in an m16n8 accumulator tile set:
 // s[NT][4] are scores already in the log2 domain (masked ones -inf). Rescales o and l, turns s into
 // probabilities, and returns nothing; m and l are per-thread running max / partial sums.

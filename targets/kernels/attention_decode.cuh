@@ -22,6 +22,7 @@
 //
 // window > 0 (a local layer): the new token sees positions max(0, p - window + 1)..p only; both
 //   kernels read only the cache blocks that hold them.
+// softcap > 0 (Grok-1): both kernels cap the scaled scores, softcap * tanhf(s / softcap) (score_log2).
 #pragma once
 
 #include "attention_common.cuh"
@@ -48,7 +49,8 @@ template <int D, int W, int ST, int CS, bool EARLY>
 __device__ __forceinline__ void attention_decode_mma(
     half* out, const half* qkv, const float* rope_table, const float* inv_freq, half* k_cache,
     half* v_cache, const int* block_table, const int* positions, const int* active, int B, int n_heads,
-    int n_kv_heads, int head_dim, int table_len, int max_blocks, int window, float scale, float mscale) {
+    int n_kv_heads, int head_dim, int table_len, int max_blocks, int window, float scale, float mscale,
+    float softcap) {
   using C = DecodeMma<D, W, ST, CS>;
   constexpr int CH = C::kCH, HC = C::kHC, NO = D / 8, SU = C::kStageU4, T = C::kThreads;
   extern __shared__ uint4 smem_decode[];
@@ -152,7 +154,7 @@ __device__ __forceinline__ void attention_decode_mma(
 #pragma unroll
   for (int d = 0; d < NO; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  const float sl2 = scale * kLog2e;
+  const float sl2 = scale * kLog2e, cap_l2 = softcap * kLog2e, inv_cap = softcap > 0.f ? scale / softcap : 0.f;
 
   for (int kbi = kb0; kbi < kb1; ++kbi) {
     const int s = (kbi - kb0) % ST;
@@ -188,7 +190,7 @@ __device__ __forceinline__ void attention_decode_mma(
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = kbi * kKvBlock + nt * 8 + 2 * tig + (e & 1);
-        sc[nt][e] = ((last && key > p) || key < lo) ? -INFINITY : sc[nt][e] * sl2;
+        sc[nt][e] = ((last && key > p) || key < lo) ? -INFINITY : score_log2(sc[nt][e], sl2, softcap, cap_l2, inv_cap);
       }
     }
     online_softmax<2, NO>(sc, m, l, o);
@@ -282,7 +284,8 @@ __device__ __forceinline__ void attention_decode_mma(
 __device__ __forceinline__ void attention_decode_ref(
     half* out, const half* qkv, const float* rope_table, const float* inv_freq, half* k_cache,
     half* v_cache, const int* block_table, const int* positions, const int* active, int B, int n_heads,
-    int n_kv_heads, int head_dim, int table_len, int max_blocks, int window, float scale, float mscale) {
+    int n_kv_heads, int head_dim, int table_len, int max_blocks, int window, float scale, float mscale,
+    float softcap) {
   extern __shared__ float smem_decode_ref[];
   const int D = head_dim, hd = D / 2;
   float* sq = smem_decode_ref;  // [D]
@@ -325,7 +328,7 @@ __device__ __forceinline__ void attention_decode_ref(
     return __half2float(s == p ? vn[d] : v_cache[cache_offset(bt, s, n_kv_heads, kvh, D) + d]);
   };
   const int lo = window > 0 ? max(0, p - window + 1) : 0;
-  attend_ref(sq, sc, red, lo, p + 1 - lo, D, scale, key_at, val_at, dst);
+  attend_ref(sq, sc, red, lo, p + 1 - lo, D, scale, softcap, key_at, val_at, dst);
 }
 
 }  // namespace grokc_attn

@@ -16,6 +16,7 @@
 //   smem (L + head_dim) * 4 bytes: one block per (row, head), scores in shared memory, CUDA cores.
 //
 // window > 0 (a local layer): query t sees keys max(0, t - window + 1)..t only (abi/ops.py).
+// softcap > 0 (Grok-1): every kernel caps the scaled scores, softcap * tanhf(s / softcap) (score_log2).
 #pragma once
 
 #include "attention_common.cuh"
@@ -39,7 +40,8 @@ template <int D, int BN>
 __device__ __forceinline__ void attention_prefill_mma(
     half* out, const half* qkv, const float* rope_table, const float* inv_freq, half* k_cache,
     half* v_cache, const int* block_table, const int* slot, const int* n_real, int L, int n_heads,
-    int n_kv_heads, int head_dim, int table_len, int max_blocks, int window, float scale, float mscale) {
+    int n_kv_heads, int head_dim, int table_len, int max_blocks, int window, float scale, float mscale,
+    float softcap) {
   using C = PrefillMma<D, BN>;
   constexpr int BM = C::kBM, CH = C::kCH, HC = C::kHC, NT = BN / 8, NO = D / 8;
   extern __shared__ uint4 smem_prefill[];
@@ -145,7 +147,7 @@ __device__ __forceinline__ void attention_prefill_mma(
   for (int d = 0; d < NO; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int r0 = q0 + 16 * warp;  // this warp's first query row
-  const float sl2 = scale * kLog2e;
+  const float sl2 = scale * kLog2e, cap_l2 = softcap * kLog2e, inv_cap = softcap > 0.f ? scale / softcap : 0.f;
 
   for (int j = j0; j < n_tiles; ++j) {
     uint4* kt = sK + (j & 1) * BN * CH;
@@ -189,7 +191,7 @@ __device__ __forceinline__ void attention_prefill_mma(
       for (int e = 0; e < 4; ++e) {
         const int key = k0 + nt * 8 + 2 * tig + (e & 1), row = r0 + g + 8 * (e >> 1);
         const bool masked = need_mask && (key > row || key >= t_real || (window > 0 && key <= row - window));
-        s[nt][e] = masked ? -INFINITY : s[nt][e] * sl2;
+        s[nt][e] = masked ? -INFINITY : score_log2(s[nt][e], sl2, softcap, cap_l2, inv_cap);
       }
     }
     online_softmax<NT, NO>(s, m, l, o);
@@ -237,11 +239,11 @@ __device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) 
 }
 
 // Scores of query q (f32, rotated, already f16-rounded; [D] in smem) against keys lo..lo+n-1
-// (key_at / val_at read them), written (times scale) to sc[0..n). Then softmax and out = P.V into
-// dst (f16). Shared by both fallbacks.
+// (key_at / val_at read them), written (times scale, then capped to softcap * tanhf(s / softcap) when
+// softcap > 0) to sc[0..n). Then softmax and out = P.V into dst (f16). Shared by both fallbacks.
 template <class KeyAt, class ValAt>
 __device__ __forceinline__ void attend_ref(const float* sq, float* sc, float* red, int lo, int n, int D,
-                                           float scale, KeyAt key_at, ValAt val_at, half* dst) {
+                                           float scale, float softcap, KeyAt key_at, ValAt val_at, half* dst) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int hd = D / 2;
   for (int s = warp; s < n; s += nw) {
@@ -251,7 +253,7 @@ __device__ __forceinline__ void attend_ref(const float* sq, float* sc, float* re
       dot += sq[i] * kr.x + sq[i + hd] * kr.y;
     }
     dot = warp_sum(dot);
-    if (lane == 0) sc[s] = dot * scale;
+    if (lane == 0) sc[s] = softcap > 0.f ? softcap * tanhf(dot * scale / softcap) : dot * scale;
   }
   __syncthreads();
   float mx = -INFINITY;
@@ -280,7 +282,8 @@ __device__ __forceinline__ float2 rotate_pair_h(const half* x, int i, int hd, fl
 __device__ __forceinline__ void attention_prefill_ref(
     half* out, const half* qkv, const float* rope_table, const float* inv_freq, half* k_cache,
     half* v_cache, const int* block_table, const int* slot, const int* n_real, int L, int n_heads,
-    int n_kv_heads, int head_dim, int table_len, int max_blocks, int window, float scale, float mscale) {
+    int n_kv_heads, int head_dim, int table_len, int max_blocks, int window, float scale, float mscale,
+    float softcap) {
   extern __shared__ float smem_ref[];
   const int D = head_dim, hd = D / 2;
   float* sq = smem_ref;       // [D]
@@ -317,7 +320,7 @@ __device__ __forceinline__ void attention_prefill_ref(
   };
   auto val_at = [&](int s, int d) { return __half2float(vb[s * rs + d]); };
   const int lo = window > 0 ? max(0, t - window + 1) : 0;
-  attend_ref(sq, sc, red, lo, t + 1 - lo, D, scale, key_at, val_at, dst);
+  attend_ref(sq, sc, red, lo, t + 1 - lo, D, scale, softcap, key_at, val_at, dst);
 }
 
 }  // namespace grokc_attn

@@ -45,8 +45,10 @@ def built(tmp_path_factory, smollm2_gguf):
     root = tmp_path_factory.mktemp("cli")
     outs = []
     for name in ("a", "b"):
-        r = grokc("build", smollm2_gguf, "--arch", "sm80", "--arch", "sm90", "-o", root / name, "--max-seq", "1024",
-                  *CHEAP_CALIBRATION, "--quality-tokens", "1024", "--quality-context", "256")
+        with pytest.MonkeyPatch.context() as mp:   # each build runs nvcc itself: a fresh kernel cache
+            mp.setenv("GROKC_KERNEL_CACHE", str(root / f"kernel-cache-{name}"))
+            r = grokc("build", smollm2_gguf, "--arch", "sm80", "--arch", "sm90", "-o", root / name, "--max-seq", "1024",
+                      *CHEAP_CALIBRATION, "--quality-tokens", "1024", "--quality-context", "256")
         assert r.exit_code == 0, r.output
         outs.append(root / name)
     return outs

@@ -56,7 +56,7 @@ def tiny_tokenizer_metadata() -> dict[str, Any]:
     }
 
 
-def _add_kv(writer: gguf.GGUFWriter, key: str, value: Any) -> None:
+def add_kv(writer: gguf.GGUFWriter, key: str, value: Any) -> None:
     if isinstance(value, bool):
         writer.add_bool(key, value)
     elif isinstance(value, str):
@@ -123,7 +123,7 @@ def write_tiny_gguf(
     }
     for key, value in kv.items():
         if value is not None:
-            _add_kv(writer, key, value)
+            add_kv(writer, key, value)
     tensors = tiny_gguf_tensors(vocab, tied) | (extra_tensors or {})
     for name, arr in tensors.items():
         if name in drop:

@@ -31,6 +31,13 @@ from grokc.runner import Runner, SamplingParams
 Dim = torch.export.Dim
 
 
+# Llama 3.1's rope scaling, but with the original context at 64 so that in these tiny models (head_dim
+# 16, theta 500000: wavelengths 6.3, 32.5, 168, ...) one pair lies on the smooth ramp and six are
+# divided by the factor: a graph read as plain rope would be far off from the first position on.
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
 def hf_folder(folder: Path, family: str = "llama", seed: int = 0, **overrides) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -211,28 +218,12 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(got - want).max() / np.sqrt((want.astype(np.float64) ** 2).mean()))
 
 
-_CUBINS: dict[tuple, bytes] = {}
-
-
 def build(loaded, out: Path, quant: str = "fp16", **options) -> Path:
-    """``build_loaded`` for sm90 with small shapes; nvcc runs once per kernel set for the whole session
-    (every tiny model here has the same shapes, so the same cubins)."""
-    from grokc.compiler import build as builder
+    """``build_loaded`` for sm90 with small shapes (every tiny model here has the same shapes, so the
+    kernel cache compiles their kernels once)."""
+    from grokc.compiler.build import BuildOptions, build_loaded
 
-    real = builder.build_kernels
-
-    def cached(kernels, target):
-        key = (tuple(kernels), target.name)
-        if key not in _CUBINS:
-            _CUBINS[key] = real(kernels, target)
-        return _CUBINS[key]
-
-    builder.build_kernels = cached
-    try:
-        builder.build_loaded(loaded, out, builder.BuildOptions(archs=("sm90",), quant=quant, batch=1, buckets=(16,),
-                                                               max_seq=64, **options))
-    finally:
-        builder.build_kernels = real
+    build_loaded(loaded, out, BuildOptions(archs=("sm90",), quant=quant, batch=1, buckets=(16,), max_seq=64, **options))
     return out
 
 

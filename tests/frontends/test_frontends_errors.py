@@ -131,7 +131,7 @@ def test_hf_tiny_folder_loads(tiny_hf):
         ({"mlp_bias": True}, ("mlp_bias",)),
         ({"hidden_act": "gelu"}, ("'gelu'",)),
         ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, ("'dynamic'",)),
-        ({"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"]}, ("'qwen3_moe'", "qwen2_moe")),
+        ({"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"]}, ("'deepseek_v3'", "qwen3_moe")),
         ({"num_hidden_layers": None}, ("'num_hidden_layers'",)),
     ],
 )

@@ -4,18 +4,23 @@ stacked in ``ffn_gate_exps`` etc.) load to the same canonical weights and config
 tiny Qwen2-MoE as transformers saves it (experts and the shared expert with its gate) loads bit for
 bit, and the Qwen2-MoE settings its graph lacks are refused in one line. A Mixtral with a sliding
 window loads as a windowed model whose torch model equals transformers' (logits within 1e-3 of their
-RMS, fp32 both, on more tokens than the window)."""
+RMS, fp32 both, on more tokens than the window). Tiny Qwen2-MoE and Qwen3-MoE models written as
+llama.cpp's converter writes them (``qwen2moe`` / ``qwen3moe``) load bit for bit as their folders do,
+and the GGUF-loaded models of all three families match transformers. A Grok-1 folder (config.json
+only is read) and Grok-2's settings are refused in one line."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
 import torch
 from calib_tiny import byte_tokenizer_json
-from frontends_tiny import tiny_tokenizer_metadata
+from frontends_tiny import add_kv, tiny_tokenizer_metadata
 from tiny_moe import hf_model, moe_config, moe_weights
 
 from grokc.compiler.frontends import load_model
@@ -40,31 +45,37 @@ def hf_folder(tmp_path_factory, weights):
     return folder
 
 
+GGUF_ARCH = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
+
+
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """convert_hf_to_gguf.py's q/k row order (HF rotate-half -> GGML interleaved pairs)."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_mixtral_gguf(path, weights: dict[str, np.ndarray]) -> None:
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for key, value in {"block_count": CFG.num_layers, "context_length": CFG.max_position_embeddings,
-                       "embedding_length": CFG.hidden_size, "feed_forward_length": CFG.moe.expert_size,
-                       "attention.head_count": CFG.num_heads, "attention.head_count_kv": CFG.num_kv_heads,
-                       "rope.dimension_count": CFG.head_dim, "expert_count": CFG.moe.n_experts,
-                       "expert_used_count": CFG.moe.top_k, "vocab_size": CFG.vocab_size}.items():
-        writer.add_uint32(f"llama.{key}", value)
-    writer.add_float32("llama.rope.freq_base", CFG.rope.theta)
-    writer.add_float32("llama.attention.layer_norm_rms_epsilon", CFG.rms_norm_eps)
-    for key, value in tiny_tokenizer_metadata().items():
-        if isinstance(value, str):
-            writer.add_string(key, value)
-        elif isinstance(value, int):
-            writer.add_uint32(key, value)
-        elif isinstance(value[0], int):
-            writer.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.INT32)
-        else:
-            writer.add_array(key, value)
-    heads = {"attn_q": CFG.num_heads, "attn_k": CFG.num_kv_heads}
+def write_moe_gguf(path, cfg, weights: dict[str, np.ndarray]) -> None:
+    """``weights`` (canonical names are GGUF's) as llama.cpp's converter writes the family: Mixtral as
+    ``llama`` with ``expert_count`` and permuted q/k rows (``LlamaModel``); Qwen2-MoE / Qwen3-MoE with
+    ``expert_feed_forward_length`` (and ``expert_shared_feed_forward_length``) and Qwen3's
+    ``key_length`` (``Qwen2MoeModel``, ``TextModel.set_gguf_parameters``), q/k rows as they are."""
+    arch, moe = GGUF_ARCH[cfg.architecture], cfg.moe
+    keys = {"block_count": cfg.num_layers, "context_length": cfg.max_position_embeddings,
+            "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
+            "attention.head_count": cfg.num_heads, "attention.head_count_kv": cfg.num_kv_heads,
+            "rope.freq_base": cfg.rope.theta, "attention.layer_norm_rms_epsilon": cfg.rms_norm_eps,
+            "expert_count": moe.n_experts, "expert_used_count": moe.top_k}
+    if arch == "llama":
+        keys |= {"rope.dimension_count": cfg.head_dim, "vocab_size": cfg.vocab_size}
+    else:
+        keys |= {"expert_feed_forward_length": moe.expert_size}
+    if moe.shared_size:
+        keys |= {"expert_shared_feed_forward_length": moe.shared_size}
+    if cfg.architecture == "qwen3_moe":
+        keys |= {"attention.key_length": cfg.head_dim, "attention.value_length": cfg.head_dim}
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in {**{f"{arch}.{k}": v for k, v in keys.items()}, **tiny_tokenizer_metadata()}.items():
+        add_kv(writer, key, float(value) if isinstance(value, float) else value)
+    heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads} if arch == "llama" else {}
     for name, w in weights.items():
         kind = name.split(".")[-2]
         writer.add_tensor(name, _permute(w, heads[kind]) if kind in heads else w)
@@ -82,12 +93,42 @@ def test_hf_folder_loads_stacked_experts(hf_folder, weights):
         np.testing.assert_array_equal(loaded.weights[name], w, err_msg=name)
 
 
-def test_gguf_loads_the_same_model(tmp_path, hf_folder, weights):
-    write_mixtral_gguf(tmp_path / "mixtral.gguf", weights)
-    loaded, from_hf = load_model(tmp_path / "mixtral.gguf"), load_model(hf_folder)
-    assert loaded.config.architecture == "mixtral" and loaded.config.moe == from_hf.config.moe
+@pytest.fixture(scope="module", params=list(GGUF_ARCH))
+def family_files(request, tmp_path_factory):
+    """(config, weights, transformers model, HF folder, GGUF) of a tiny model of one family."""
+    cfg = moe_config(request.param, vocab_size=260, tie_word_embeddings=False)
+    weights = moe_weights(cfg, seed=8)
+    root = tmp_path_factory.mktemp(request.param)
+    (root / "hf").mkdir()
+    hf = hf_model(cfg, weights, root / "hf")
+    (root / "hf" / "tokenizer.json").write_text(byte_tokenizer_json())
+    write_moe_gguf(root / "model.gguf", cfg, weights)
+    return cfg, weights, hf, root / "hf", root / "model.gguf"
+
+
+def _comparable(cfg):
+    """``cfg`` without what GGUF and HF files need not share: the special ids (the GGUF's vocabulary is
+    frontends_tiny's) and the norm epsilon's digits beyond float32 (GGUF stores it as f32)."""
+    return replace(cfg, bos_token_id=None, eos_token_ids=(), rms_norm_eps=float(np.float32(cfg.rms_norm_eps)))
+
+
+def test_gguf_loads_the_same_model_as_the_hf_folder(family_files):
+    cfg, weights, _, folder, path = family_files
+    from_gguf, from_hf = load_model(path), load_model(folder)
+    assert _comparable(from_gguf.config) == _comparable(from_hf.config)
+    assert from_gguf.config.moe == cfg.moe and sorted(from_gguf.weights) == sorted(weights)
     for name, w in from_hf.weights.items():
-        np.testing.assert_array_equal(loaded.weights[name], w, err_msg=name)
+        assert from_gguf.weights[name].tobytes() == w.tobytes(), name
+
+
+def test_gguf_model_matches_transformers(family_files):
+    _, _, hf, _, path = family_files
+    loaded = load_model(path)
+    tokens = torch.from_numpy(np.random.default_rng(4).integers(0, 260, 40))
+    with torch.no_grad():
+        want = hf(tokens[None]).logits[0].numpy()
+        got = reference_model(loaded.config, loaded.weights)(tokens.int(), torch.arange(40, dtype=torch.int32)).numpy()
+    assert np.abs(got - want).max() / np.sqrt((want ** 2).mean()) < 1e-3   # fp32 both: summation order only
 
 
 def test_missing_expert_is_one_line(tmp_path, hf_folder):
@@ -166,3 +207,20 @@ def test_mixtral_sliding_window_matches_transformers(tmp_path):
         want = hf(tokens[None]).logits[0].numpy()
         got = reference_model(loaded.config, loaded.weights)(tokens.int(), torch.arange(40, dtype=torch.int32)).numpy()
     assert np.abs(got - want).max() / np.sqrt((want ** 2).mean()) < 1e-3
+
+
+GROK1 = json.loads((Path(__file__).parents[2] / "bench" / "grok-1-shape.json").read_text())
+
+
+@pytest.mark.parametrize("change, message", [
+    ({}, "grok1 model, whose checkpoints grokc does not read; build its config with --synthetic-weights"),
+    ({"residual_moe": True}, r"residual_moe=True \(Grok-2\)"),
+    ({"attn_logit_softcapping": 30.0, "final_logit_softcapping": 50.0}, r"final_logit_softcapping=50.0 \(Grok-2\)"),
+])
+def test_grok1_folders_and_grok2_settings_are_one_line(tmp_path, change, message):
+    (tmp_path / "config.json").write_text(json.dumps({**GROK1, **change}))
+    (tmp_path / "tokenizer.json").write_text(byte_tokenizer_json())
+    from safetensors.numpy import save_file
+    save_file({"model.embed_tokens.weight": np.zeros((2, 2), np.float32)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(UnsupportedModel, match=message):
+        load_model(tmp_path)

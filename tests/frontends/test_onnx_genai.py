@@ -1,4 +1,4 @@
-"""onnxruntime-genai model-builder graphs of tiny random Llamas -> grokc, against onnxruntime.
+"""onnxruntime-genai model-builder graphs of tiny random Llamas and a Qwen2 -> grokc, against onnxruntime.
 
 The builder writes GroupQueryAttention with rotary folded in, (Skip)SimplifiedLayerNormalization,
 MatMulNBits int4 weights and, with shared embeddings, a GatherBlockQuantized table. References:
@@ -7,14 +7,19 @@ it), onnxruntime on the same file (logits within 2e-2 of their RMS after the pro
 decode step, MatMulNBits at accuracy_level 0; greedy tokens identical), and onnxruntime's own
 dequantized MatMulNBits weights (each node run alone on the identity): the f32 weights grokc reads
 equal them, and the int4 weights it carries hold onnxruntime's codes and scales (f16-rounded).
-A Qwen2 build is refused naming the Add of its fused q|k|v bias: grokc's Llama IR has no biases.
+The Qwen2 graph adds its packed q|k|v bias after the MatMulNBits: the same comparisons, and the same
+model with the bias moved into MatMulNBits' own bias input (onnxruntime computes the same logits from
+both) reads as the same weights. A bias added to the output projection, which grokc's decoders do not
+have, is refused naming its Add.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from graph_exports import (
     build,
@@ -46,7 +51,7 @@ def genai(tmp_path_factory):
     tied = hf_folder(root / "hf_tied", seed=6, tie_word_embeddings=True)
     qwen2 = hf_folder(root / "hf_qwen2", family="qwen2", seed=7, rope_theta=1000000.0)
     cache = root / "cache"
-    return {"hf": folder, "hf_tied": tied, "qwen2": build_genai(qwen2, root / "qwen2", "int4", cache),
+    return {"hf": folder, "hf_tied": tied, "hf_qwen2": qwen2, "qwen2": build_genai(qwen2, root / "qwen2", "int4", cache),
             "fp32": build_genai(folder, root / "fp32", "fp32", cache),
             "int4": build_genai(folder, root / "int4", "int4", cache),
             "tied": build_genai(tied, root / "tied", "int4", cache, shared_embeddings="true")}
@@ -57,10 +62,11 @@ def built(genai, tmp_path_factory):
     root = tmp_path_factory.mktemp("genai_art")
     return {"fp32": build(load_model(genai["fp32"]), root / "fp32"),
             "int4": build(load_model(genai["int4"]), root / "int4", quant="int4", lm_head="int4"),
-            "tied": build(load_model(genai["tied"]), root / "tied", quant="int4-rtn")}
+            "tied": build(load_model(genai["tied"]), root / "tied", quant="int4-rtn"),
+            "qwen2": build(load_model(genai["qwen2"]), root / "qwen2", quant="int4", lm_head="int4")}
 
 
-@pytest.mark.parametrize("which,hf", [("fp32", "hf"), ("int4", "hf"), ("tied", "hf_tied")])
+@pytest.mark.parametrize("which,hf", [("fp32", "hf"), ("int4", "hf"), ("tied", "hf_tied"), ("qwen2", "hf_qwen2")])
 def test_architecture_is_the_models(genai, which, hf):
     loaded, ref = load_model(genai[which]), load_model(genai[hf])
     assert loaded.config == ref.config
@@ -69,7 +75,7 @@ def test_architecture_is_the_models(genai, which, hf):
             np.testing.assert_array_equal(loaded.weights[name], w, err_msg=name)
 
 
-@pytest.mark.parametrize("which", ["fp32", "int4", "tied"])
+@pytest.mark.parametrize("which", ["fp32", "int4", "tied", "qwen2"])
 def test_prefill_and_decode_logits_match_onnxruntime(genai, built, which):
     tokens = [int(t) for t in np.random.default_rng(7).integers(4, 192, 12)]
     got = plan_steps(built[which], tokens, prompt=8)
@@ -78,17 +84,63 @@ def test_prefill_and_decode_logits_match_onnxruntime(genai, built, which):
     assert len(errs) == 5 and max(errs) < TOL, errs
 
 
-@pytest.mark.parametrize("which", ["fp32", "int4"])
+@pytest.mark.parametrize("which", ["fp32", "int4", "qwen2"])
 def test_greedy_fp16_tokens_match_onnxruntime(genai, built, which):
     prompt = [int(t) for t in np.random.default_rng(8).integers(4, 192, 6)]
     got = Runner(built[which], device="cpu").generate_ids([prompt], SamplingParams(max_new_tokens=10))[0]
     assert got == ort_greedy(exact(genai[which]), prompt, 10, head_dim=D, eos=(2,))
 
 
-def test_qwen2_bias_is_refused_naming_the_node(genai):
-    with pytest.raises(UnsupportedModel, match=r"node '/model/layers\.0/attn/qkv_proj/Add' \(Add\) adds a bias to the "
-                                               r"linear layer in front of it \(grokc's Llama family has no biases\)"):
-        load_model(genai["qwen2"])
+def _edited(path: Path, out: str, edit) -> Path:
+    """A copy of the builder's graph beside it, ``edit(graph)`` applied (the weights file shared)."""
+    model = onnx.load(str(path), load_external_data=False)
+    edit(model.graph)
+    onnx.save(model, str(path.with_name(out)))
+    return path.with_name(out)
+
+
+def _bias_into_matmulnbits(g: onnx.GraphProto) -> None:
+    """Each MatMulNBits + Add of a bias becomes MatMulNBits with that bias as its input 5."""
+    inits, producer = {t.name for t in g.initializer}, {o: n for n in g.node for o in n.output}
+    for add in [n for n in g.node if n.op_type == "Add" and n.input[1] in inits
+                and producer[n.input[0]].op_type == "MatMulNBits"]:
+        mm = producer[add.input[0]]
+        mm.input.extend([""] * (5 - len(mm.input)) + [add.input[1]])
+        mm.output[0] = add.output[0]
+        g.node.remove(add)
+
+
+def _o_proj_bias(g: onnx.GraphProto) -> None:
+    """Layer 0's output projection gets a bias (zeros, so onnxruntime's result would not change)."""
+    mm = next(n for n in g.node if n.name == "/model/layers.0/attn/o_proj/MatMul_Q4")
+    n = next(a.i for a in mm.attribute if a.name == "N")
+    g.initializer.append(onnx.numpy_helper.from_array(np.zeros(n, np.float32), "o_bias"))
+    out = mm.output[0]
+    mm.output[0] = out + "/unbiased"
+    g.node.insert(list(g.node).index(mm) + 1, onnx.helper.make_node("Add", [mm.output[0], "o_bias"], [out],
+                                                                   name="/model/layers.0/attn/o_proj/Add"))
+
+
+def test_matmulnbits_bias_input_is_the_same_model(genai):
+    path = genai["qwen2"]
+    moved = _edited(path, "bias_input.onnx", _bias_into_matmulnbits)
+    nodes = onnx.load(str(moved), load_external_data=False).graph.node
+    assert len([n for n in nodes if n.op_type == "MatMulNBits" and len(n.input) == 6]) == 2   # each layer's q|k|v
+    tokens = [int(t) for t in np.random.default_rng(9).integers(4, 192, 9)]
+    for a, b in zip(ort_steps(exact(moved), tokens, prompt=8, head_dim=D), ort_steps(exact(path), tokens, 8, D)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)   # onnxruntime: one model, two spellings
+    ours, ref = load_model(moved), load_model(path)
+    assert ours.config == ref.config and ours.config.qkv_bias and sorted(ours.weights) == sorted(ref.weights)
+    for name, w in ref.weights.items():
+        np.testing.assert_array_equal(ours.weights[name], w, err_msg=name)
+
+
+def test_a_bias_grokc_has_no_place_for_is_refused_naming_the_node(genai):
+    path = _edited(genai["qwen2"], "o_bias.onnx", _o_proj_bias)
+    with pytest.raises(UnsupportedModel, match=r"node '/model/layers\.0/attn/o_proj/Add' \(Add\) adds a bias to the "
+                                               r"attention's output projection; grokc's decoders have biases on the "
+                                               r"q, k and v projections only"):
+        load_model(path)
 
 
 def _weight_of(name: str, weights: dict, tied: bool) -> np.ndarray:

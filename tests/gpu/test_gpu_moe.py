@@ -1,10 +1,11 @@
 """Mixture-of-experts plans through CUDA graphs against the CPU executor: routing, grouping and the
 expert kernels on the device in the real launch order.
 
-- a tiny random Mixtral and a tiny Qwen2-MoE (its shared expert as chunks every token uses; int4,
-  round to nearest) and a config-only build of a wider one (hidden
-  1024, 8 experts of 2048, top 2, synthetic weights, so the expert GEMV and the grouped GEMM run
-  at tilings of real size): teacher-forced logits of 3 slots decoded together within ``TOL`` of
+- a tiny random Mixtral, Qwen2-MoE (its shared expert as chunks every token uses) and Qwen3-MoE (int4,
+  round to nearest), a config-only build of a wider Mixtral (hidden 1024, 8 experts of 2048, top 2,
+  synthetic weights, so the expert GEMV and the grouped GEMM run at tilings of real size) and one of
+  the Grok-1 shape (GELU experts, head_dim 128, attention scores capped at 0.5 so that the cap binds
+  in the tensor-core attention kernels): teacher-forced logits of 3 slots decoded together within ``TOL`` of
   their RMS, prefill's logits too, greedy tokens identical;
 - slots decoded together give the tokens each gives alone on the GPU.
 """
@@ -27,19 +28,22 @@ WIDE = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "hidde
         "intermediate_size": 2048, "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
         "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 2000, "max_position_embeddings": 512,
         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False}
+GROK = {**WIDE, "model_type": "grok-1", "architectures": ["Grok1ModelForCausalLM"], "head_dim": 128,
+        "num_experts": 8, "max_attn_value": 0.5, "tie_word_embeddings": True}
+CONFIGS = {"wide": WIDE, "grok1": GROK}
 
 
-@pytest.fixture(scope="module", params=["mixtral", "qwen2_moe", "wide"])
+@pytest.fixture(scope="module", params=["mixtral", "qwen2_moe", "qwen3_moe", "wide", "grok1"])
 def runners(request, tmp_path_factory, sm):
     root = tmp_path_factory.mktemp(request.param)
     opts = BuildOptions(archs=(f"sm{sm}",), quant="int4-rtn", **OPTS)
-    if request.param != "wide":
+    if request.param not in CONFIGS:
         build_loaded(moe_loaded(moe_config(request.param), seed=3), root / "art", opts)
         vocab = 256
     else:
-        (root / "config.json").write_text(json.dumps(WIDE))
+        (root / "config.json").write_text(json.dumps(CONFIGS[request.param]))
         build(root / "config.json", root / "art", replace(opts, synthetic_seed=7))
-        vocab = WIDE["vocab_size"]
+        vocab = CONFIGS[request.param]["vocab_size"]
     return Runner(root / "art", device="cuda"), Runner(root / "art", device="cpu"), vocab
 
 

@@ -64,14 +64,14 @@ def kv_pool(rng, n_slots: int, max_blocks: int, nkv: int, d: int, spare: int = 5
     return k_cache, v_cache, block_table
 
 
-def attn_args(rng, rows, nh, nkv, d, table_len, mscale, max_blocks, window=0):
+def attn_args(rng, rows, nh, nkv, d, table_len, mscale, max_blocks, window=0, softcap=0.0):
     table, inv = rope(d, table_len, mscale)
     return {
         "out": np.full((rows, nh * d), np.nan, F16),
         "qkv": rng.standard_normal((rows, (nh + 2 * nkv) * d)).astype(F16),
         "rope_table": table, "inv_freq": inv,
         "n_heads": nh, "n_kv_heads": nkv, "head_dim": d, "table_len": table_len, "max_blocks": max_blocks,
-        "window": window, "scale": float(d ** -0.5), "mscale": mscale,
+        "window": window, "scale": float(d ** -0.5), "mscale": mscale, "softcap": softcap,
     }
 
 
@@ -138,6 +138,28 @@ def prefill_symbol_for(d: int, kind: str) -> str:
 @pytest.mark.parametrize("kind", ["mma", "ref"])
 @pytest.mark.parametrize("case", PREFILL_CASES, ids=lambda c: "L{}_t{}_h{}-{}_d{}_tab{}_w{}".format(*c))
 def test_attention_prefill(cubin, case, kind):
+    run_prefill(cubin, case, kind)
+
+
+# Grok-1's capped scores (cap * tanh(s / cap)); at 2 the cap changes every output (checked against the oracle uncapped)
+CAPPED_PREFILL = [(128, 120, 8, 2, 64, 4096, 0), (100, 99, 32, 32, 128, 50, 0), (64, 60, 4, 1, 256, 4096, 0)]
+CAPPED_DECODE = [(9, 3, 64, [0, 15, 16, 700], [1, 1, 0, 1], 48, 512, 0), (32, 32, 128, [77, 1500], [1, 1], 128, 1024, 0),
+                 (4, 1, 256, [3, 600, 40], [1, 1, 1], 48, 1024, 0)]
+SOFTCAP = 2.0
+
+
+@pytest.mark.parametrize("kind", ["mma", "ref"])
+@pytest.mark.parametrize("case", CAPPED_PREFILL, ids=lambda c: "L{}_t{}_h{}-{}_d{}_tab{}_w{}".format(*c))
+def test_attention_prefill_softcap(cubin, case, kind):
+    run_prefill(cubin, case, kind, SOFTCAP)
+
+
+def uncapped_differs(op: str, args: dict, want: dict) -> bool:
+    plain = oracle(op, {**args, "softcap": 0.0})["out"].astype(F32)
+    return bool(np.abs(plain - want["out"].astype(F32)).max() > 0.1)
+
+
+def run_prefill(cubin, case, kind, softcap=0.0):
     L, t_real, nh, nkv, d, table_len, window = case
     if kind == "ref" and L > 512:
         pytest.skip("the fallback is O(L^2 D) per head on CUDA cores; covered at smaller L")
@@ -145,7 +167,7 @@ def test_attention_prefill(cubin, case, kind):
         pytest.skip("the tensor-core prefill has head_dim 64 and 128 only")
     rng = seeded(case, kind)
     n_slots, max_blocks = 3, -(-L // S) + 2
-    args = attn_args(rng, L, nh, nkv, d, table_len, 1.0 if table_len > 64 else 1.07, max_blocks, window)
+    args = attn_args(rng, L, nh, nkv, d, table_len, 1.0 if table_len > 64 else 1.07, max_blocks, window, softcap)
     args["qkv"][t_real:] = np.nan                 # padding rows are never read
     k_cache, v_cache, block_table = kv_pool(rng, n_slots, max_blocks, nkv, d)
     slot = 1
@@ -158,6 +180,7 @@ def test_attention_prefill(cubin, case, kind):
     choice = rule(call, TARGETS["sm90"])
     assert choice is not None and choice.kernel == symbol
     want = oracle("attention_prefill", args)
+    assert not softcap or not t_real or uncapped_differs("attention_prefill", args, want)
     got = run_kernel(cubin, symbol, choice.grid, choice.block, choice.smem, "attention_prefill", args)
     check_out(got["out"], want["out"])
     assert not got["out"][t_real:].any(), "padding rows must be zero"
@@ -197,6 +220,16 @@ def decode_launch(symbol: str, batch: int, nkv: int, d: int, nh: int, max_blocks
 @pytest.mark.parametrize("case", DECODE_CASES,
                          ids=lambda c: f"h{c[0]}-{c[1]}_d{c[2]}_B{len(c[3])}_p{max(c[3])}_w{c[7]}")
 def test_attention_decode(cubin, sm, symbol, case):
+    run_decode(cubin, sm, symbol, case)
+
+
+@pytest.mark.parametrize("symbol", DECODE_SYMBOLS)
+@pytest.mark.parametrize("case", CAPPED_DECODE, ids=lambda c: f"h{c[0]}-{c[1]}_d{c[2]}_B{len(c[3])}_p{max(c[3])}_w{c[7]}")
+def test_attention_decode_softcap(cubin, sm, symbol, case):
+    run_decode(cubin, sm, symbol, case, SOFTCAP)
+
+
+def run_decode(cubin, sm, symbol, case, softcap=0.0):
     nh, nkv, d, positions, active, max_blocks, table_len, window = case
     if symbol != "attn_decode_ref" and f"_d{d}_" not in symbol:
         pytest.skip("kernel compiled for another head_dim")
@@ -206,12 +239,13 @@ def test_attention_decode(cubin, sm, symbol, case):
         pytest.skip("the fallback's scores of 8192 positions are covered by the split kernels")
     rng = seeded(case, symbol)
     batch = len(positions)
-    args = attn_args(rng, batch, nh, nkv, d, table_len, 1.0, max_blocks, window)
+    args = attn_args(rng, batch, nh, nkv, d, table_len, 1.0, max_blocks, window, softcap)
     k_cache, v_cache, block_table = kv_pool(rng, batch, max_blocks, nkv, d)
     args.update(k_cache=k_cache, v_cache=v_cache, block_table=block_table, B=batch,
                 positions=np.array(positions, I32), active=np.array(active, I32))
     grid, block, smem = decode_launch(symbol, batch, nkv, d, nh, max_blocks, sm)
     want = oracle("attention_decode", args)
+    assert not softcap or uncapped_differs("attention_decode", args, want)
     got = run_kernel(cubin, symbol, grid, block, smem, "attention_decode", args)
     check_out(got["out"], want["out"])
     inactive = np.array(active) == 0

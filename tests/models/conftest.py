@@ -5,13 +5,11 @@ transformers references, and their artifacts (built once each).
 - ``hf_reference(name, source)``: transformers' fp32 model from the folder (``"hf"``) or from the
   GGUF (``"gguf"``, with ``GGUF_OVERRIDES``: what a GGUF does not carry, given as grokc reads it).
 - ``family_artifact(name, source, quant="fp16")``: the artifact of that build (sm90, batch 2,
-  buckets 16 and 64, max_seq 128). Builds of the same kernels share one nvcc run: kernels are a
-  function of their symbols (the nvcc tests check that the bytes are deterministic).
+  buckets 16 and 64, max_seq 128). Builds of the same kernels share one nvcc run through the
+  kernel cache (``targets/kernel_cache.py``).
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import pytest
 from tiny_families import write_family
@@ -70,29 +68,6 @@ def hf_reference(tiny_family):
     return get
 
 
-@contextlib.contextmanager
-def _shared_nvcc():
-    """``compiler.build``'s nvcc step memoised on the kernel symbols and target, for this block."""
-    from grokc.compiler import build
-
-    real, seen = build.build_kernels, _shared_nvcc.cache
-
-    def cached(kernels, target, *args, **kwargs):
-        key = (tuple(sorted(set(kernels))), target.name, args, tuple(sorted(kwargs.items())))
-        if key not in seen:
-            seen[key] = real(kernels, target, *args, **kwargs)
-        return seen[key]
-
-    build.build_kernels = cached
-    try:
-        yield
-    finally:
-        build.build_kernels = real
-
-
-_shared_nvcc.cache = {}
-
-
 @pytest.fixture(scope="session")
 def family_artifact(tmp_path_factory, tiny_family):
     from grokc.compiler.build import BuildOptions, build
@@ -105,8 +80,7 @@ def family_artifact(tmp_path_factory, tiny_family):
         if key not in made:
             fam = tiny_family(name)
             out = root / f"{name}-{source}-{quant}"
-            with _shared_nvcc():
-                build(fam.hf if source == "hf" else fam.gguf, out, BuildOptions(quant=quant, **BUILD))
+            build(fam.hf if source == "hf" else fam.gguf, out, BuildOptions(quant=quant, **BUILD))
             made[key] = out
         return made[key]
 

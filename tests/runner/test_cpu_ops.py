@@ -271,7 +271,7 @@ def rope_args(table_len: int, mscale: float) -> dict:
     return dict(rope_table=np.stack([cos, sin], -1).astype(F32).reshape(table_len, D // 2, 2),
                 inv_freq=(THETA ** (-np.arange(0, D, 2, dtype=np.float64) / D)).astype(F32),
                 n_heads=NH, n_kv_heads=NKV, head_dim=D, table_len=table_len, max_blocks=MB, window=0,
-                scale=1 / math.sqrt(D), mscale=mscale)
+                scale=1 / math.sqrt(D), mscale=mscale, softcap=0.0)
 
 
 def rotate_ref(x: torch.Tensor, pos, mscale: float) -> torch.Tensor:
@@ -635,28 +635,56 @@ def sdpa_window_ref(q, k, v, window: int) -> np.ndarray:
     return o[0].transpose(0, 1).reshape(t, NH * D).numpy()
 
 
-@pytest.mark.parametrize("window", [1, 5, 16, 100])
-def test_attention_windows_in_prefill_and_decode(window):
-    """A local layer: prefill of 37 tokens, then decode of token 37, both against SDPA over the window."""
-    L, t_real, nb = 48, 37, 8
-    gen = np.random.default_rng(window)
-    qkv = gen.standard_normal((L + 1, QKV)).astype(F16)
+def prefill_then_decode(qkv: np.ndarray, rope: dict, t_real: int = 37) -> tuple[np.ndarray, ...]:
+    """The ops' prefill of rows ``0..t_real-1`` of ``qkv [L + 1, QKV]`` (bucket L), then their decode
+    of row L at position t_real: (prefill out [t_real, NH*D], decode out [NH*D], and q, k, v [t_real + 1,
+    heads, D] of those rows as the reference sees them, q and k rotated)."""
+    L, nb = qkv.shape[0] - 1, 8
     block_table = np.array([[5, 1, 6, 2], [0, 3, 4, 7]], I32)
     k_cache, v_cache = caches(nb, 8)
-    rope = {**rope_args(64, 1.0), "window": window}
     out = np.zeros((L, NH * D), F16)
     OPS["attention_prefill"](dict(out=out, qkv=qkv[:L], k_cache=k_cache, v_cache=v_cache, block_table=block_table,
                                   slot=np.array([0], I32), n_real=np.array([t_real], I32), L=L, **rope), {})
-    pos = np.arange(t_real + 1)
-    q, k, v = split_ref(np.concatenate([qkv[:t_real], qkv[L:]]))
-    q, k = rotate_ref(q, pos, 1.0), rotate_ref(k, pos, 1.0)
-    want = sdpa_window_ref(q, k, v, window)
-    np.testing.assert_allclose(out[:t_real].astype(np.float64), want[:t_real], rtol=2e-3, atol=2e-3)
     step = np.zeros((2, NH * D), F16)
     OPS["attention_decode"](dict(out=step, qkv=np.stack([qkv[L], qkv[L]]), k_cache=k_cache, v_cache=v_cache,
                                  block_table=block_table, positions=np.array([t_real, 0], I32),
                                  active=np.array([1, 0], I32), B=2, **rope), {})
-    np.testing.assert_allclose(step[0].astype(np.float64), want[t_real], rtol=2e-3, atol=2e-3)
+    pos = np.arange(t_real + 1)
+    q, k, v = split_ref(np.concatenate([qkv[:t_real], qkv[L:]]))
+    return out[:t_real], step[0], rotate_ref(q, pos, 1.0), rotate_ref(k, pos, 1.0), v
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 100])
+def test_attention_windows_in_prefill_and_decode(window):
+    """A local layer: prefill of 37 tokens, then decode of token 37, both against SDPA over the window."""
+    qkv = np.random.default_rng(window).standard_normal((49, QKV)).astype(F16)
+    out, step, q, k, v = prefill_then_decode(qkv, {**rope_args(64, 1.0), "window": window})
+    want = sdpa_window_ref(q, k, v, window)
+    np.testing.assert_allclose(out.astype(np.float64), want[:-1], rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(step.astype(np.float64), want[-1], rtol=2e-3, atol=2e-3)
+
+
+def capped_attention_ref(q, k, v, cap: float) -> np.ndarray:
+    """Causal attention (float64) whose scaled scores s are capped to cap * tanh(s / cap) before the
+    softmax (Grok-1's attention), written out: scores, cap, mask, softmax, weighted values."""
+    t, g = q.shape[0], NH // NKV
+    k, v = (a.repeat_interleave(g, dim=1) for a in (k, v))                       # [T, NH, D]
+    s = torch.einsum("thd,shd->hts", q, k) / math.sqrt(D)                        # [NH, T, T]
+    s = cap * torch.tanh(s / cap)
+    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.einsum("hts,shd->thd", torch.softmax(s, -1), v).reshape(t, NH * D).numpy()
+
+
+def test_attention_softcap_in_prefill_and_decode():
+    """Grok-1's capped scores: prefill of 37 tokens, then decode of token 37, against the written-out
+    reference; the cap (1.5, where the scores spread over about +-4) changes the output far beyond
+    the tolerance."""
+    qkv = (1.5 * np.random.default_rng(12).standard_normal((49, QKV))).astype(F16)
+    out, step, q, k, v = prefill_then_decode(qkv, {**rope_args(64, 1.0), "softcap": 1.5})
+    want = capped_attention_ref(q, k, v, 1.5)
+    assert np.abs(want - sdpa_ref(q, k, v, causal=True)).max() > 0.1    # the cap matters here
+    np.testing.assert_allclose(out.astype(np.float64), want[:-1], rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(step.astype(np.float64), want[-1], rtol=2e-3, atol=2e-3)
 
 
 @pytest.mark.parametrize("residual", [False, True])

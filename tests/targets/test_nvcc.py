@@ -15,16 +15,7 @@ from grokc.artifacts import kernels_file
 from grokc.core.errors import TargetError
 from grokc.targets import TARGETS, build_kernels, get_target, nvcc, rules_linear
 
-
-def _have_nvcc() -> bool:
-    try:
-        nvcc.find_nvcc()
-        return True
-    except TargetError:
-        return False
-
-
-needs_nvcc = pytest.mark.skipif(not _have_nvcc(), reason="nvcc not found")
+needs_nvcc = pytest.mark.usefixtures("nvcc")   # tests/targets/conftest.py: skipped without nvcc
 
 # Every family, weight format, activation and output type at least once (sm90, the main target).
 REPRESENTATIVE = [
@@ -77,7 +68,8 @@ def test_every_arch_compiles(arch: str):
 
 
 @needs_nvcc
-def test_same_kernels_same_bytes():
+def test_same_kernels_same_bytes(monkeypatch):
+    monkeypatch.setenv("GROKC_KERNEL_CACHE", "off")   # two real nvcc runs
     target = get_target("sm90")
     a = build_kernels(["linear_ref_q4_none_f16", "linear_ref_f16_none_f32"], target)
     b = build_kernels(["linear_ref_f16_none_f32", "linear_ref_q4_none_f16", "linear_ref_f16_none_f32"], target)

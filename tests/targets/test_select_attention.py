@@ -14,7 +14,7 @@ import re
 import pytest
 
 from grokc.abi.ops import KERNEL_ABI
-from grokc.core.errors import TargetError, UnsupportedOp
+from grokc.core.errors import UnsupportedOp
 from grokc.targets import get_target, select
 from grokc.targets import rules_attention as ra
 from grokc.targets import rules_misc as rm
@@ -183,13 +183,10 @@ KNOWN_SPILLS = {("sm80", "attn_decode_ref"): 4, ("sm90", "attn_prefill_mma_d64_n
 
 
 @pytest.mark.parametrize("arch", ["sm80", "sm90"])
+@pytest.mark.usefixtures("nvcc")
 def test_chosen_kernels_compile_without_spills(arch):
     from grokc.targets import nvcc
 
-    try:
-        nvcc.find_nvcc()
-    except TargetError as exc:
-        pytest.skip(str(exc))
     symbols = sorted(all_symbols(arch))
     report = nvcc.ptxas_report(symbols, get_target(arch))
     props = {m[0]: tuple(map(int, m[1:])) for m in _PROPS.findall(report)}

@@ -5,7 +5,8 @@ that graph.
    rewrite, over the graph in topological order, emitting raw IR (``emit.py``);
 2. ``canonical.canonicalize`` walks the raw IR as a Llama-family decoder, names it as
    ``compiler/trace.py`` names a traced graph and reads the architecture from it;
-3. ``to_loaded`` builds the ``ModelConfig``, the module (``{"forward": graph}`` with canonically
+3. ``to_loaded`` builds the ``ModelConfig`` (family ``llama``, or ``qwen2`` when the q/k/v
+   projections have biases), the module (``{"forward": graph}`` with canonically
    named parameters and the int4 grids the source stored, ``meta.carried``) and the ``LoadedModel``.
 
 The ONNX reader (``frontends/onnx``) and the torch.export reader (``frontends/torch_export``) each
@@ -39,7 +40,8 @@ from grokc.core.meta import ModuleMeta
 SHARED_RULES: tuple[Rule, ...] = (*rules_plumbing.RULES, *rules_norm.RULES, *rules_linear.RULES, *rules_rope.RULES,
                                   *rules_attention.RULES, *rules_mlp.RULES)
 DEFAULT_CONTEXT = 2048   # a graph that says nothing of its context (torch exports), as Hugging Face's default
-ARCHITECTURE = "llama"   # the family whose IR the rules emit
+# The family whose IR the rules emit: Llama's, or Qwen2's (Llama's with q/k/v biases) when the graph has them.
+FAMILIES = {False: "llama", True: "qwen2"}
 
 
 def to_loaded(graph: OpGraph, rules: Sequence[Rule], info: SourceInfo, source_sha256: str, source_format: str,
@@ -58,7 +60,7 @@ def to_loaded(graph: OpGraph, rules: Sequence[Rule], info: SourceInfo, source_sh
     try:
         config = ModelConfig(**canon.fields, max_position_embeddings=info.context or DEFAULT_CONTEXT,
                              bos_token_id=info.bos_token_id, eos_token_ids=info.eos_token_ids,
-                             architecture=ARCHITECTURE)
+                             architecture=FAMILIES[canon.fields["qkv_bias"]])
     except ValueError as exc:
         raise UnsupportedModel(f"{graph.source} describes an inconsistent model: {exc}") from exc
     arch = models.get(config.architecture)

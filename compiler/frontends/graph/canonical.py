@@ -15,7 +15,8 @@ It then emits every node again, in the tracer's order and with its names (``blk.
 calibration, the quality report) reads the graph exactly as it reads a traced one; and it reads
 the config from the graph: sizes from the weights, heads and scale from the attentions, eps from the
 norms, the rope config fitted to the frequencies the ROPEs apply, a tied head from the LM head's
-weight being the embedding table.
+weight being the embedding table, q/k/v biases (Qwen2's) from the linears that have them (a bias on
+any other linear, or on some of q, k and v only, is refused naming its node).
 """
 
 from __future__ import annotations
@@ -168,7 +169,23 @@ def canonicalize(raw: RawIR, logits: str, where: str) -> Canonical:
         raise w.fail(stray[0], "nothing beyond its blocks")
     if not blocks:
         raise UnsupportedModel(f"{where}: the graph has no attention blocks")
+    _check_biases(raw, blocks, head, where)
     return _emit(raw, emb, blocks, final, head, where)
+
+
+def _check_biases(raw: RawIR, blocks: list[_Block], head: Node, where: str) -> None:
+    """Raise unless the linears with a bias are the q, k and v projections, all of them or none."""
+    others = [(n, role) for b in blocks for n, role in ((b.attn_output, "attention's output projection"),
+              (b.gate, "MLP's gate projection"), (b.up, "MLP's up projection"), (b.down, "MLP's down projection"))]
+    for node, role in [*others, (head, "LM head")]:
+        if "bias" in node.inputs:
+            raise UnsupportedModel(f"{where}: node {raw.source[node.name].describe()} adds a bias to the {role}; "
+                                   "grokc's decoders have biases on the q, k and v projections only (Qwen2's)")
+    qkv = [n for b in blocks for n in (b.q, b.k, b.v)]
+    if len({"bias" in n.inputs for n in qkv}) > 1:
+        bare = next(n for n in qkv if "bias" not in n.inputs)
+        raise UnsupportedModel(f"{where}: node {raw.source[bare.name].describe()} is a q/k/v projection without a "
+                               "bias where others have one; grokc compiles biases on all of them or none")
 
 
 def _emit(raw: RawIR, emb: Node, blocks: list[_Block], final: Node, head: Node, where: str) -> Canonical:
@@ -197,10 +214,15 @@ def _emit(raw: RawIR, emb: Node, blocks: list[_Block], final: Node, head: Node, 
     types["token_embd"] = raw.types[emb.outputs[0]]
     h = "token_embd"
     rope_ins = {"positions": "positions", "inv_freq": "rope_inv_freq"}
+
+    def linear(node: Node, kind: Tensor, i: int, src: str) -> str:
+        bias = {"bias": weight(node, "bias", name(kind, i, "bias"))} if "bias" in node.inputs else {}
+        return out(node, f"blk.{i}.{kind.value}", {"x": src, "weight": weight(node, "weight", name(kind, i)), **bias})
+
     for i, b in enumerate(blocks):
         p = f"blk.{i}"
+        lin = lambda node, kind, src, i=i: linear(node, kind, i, src)  # noqa: E731
         x = out(b.attn_norm, f"{p}.attn_norm", {"x": h, "weight": weight(b.attn_norm, "weight", name(Tensor.ATTN_NORM, i))})
-        lin = lambda node, kind, src: out(node, f"{p}.{kind.value}", {"x": src, "weight": weight(node, "weight", name(kind, i))})  # noqa: E731
         q, k, v = lin(b.q, Tensor.ATTN_Q, x), lin(b.k, Tensor.ATTN_K, x), lin(b.v, Tensor.ATTN_V, x)   # the tracer's order
         q = out(b.q_rope, f"{p}.rope", {"x": q, **rope_ins})
         k = out(b.k_rope, f"{p}.rope.1", {"x": k, **rope_ins})
@@ -241,7 +263,7 @@ def _fields(raw: RawIR, blocks: list[_Block], hidden: int, weights: dict[str, np
             "intermediate_size": weights[name(Tensor.FFN_GATE, 0)].shape[0], "num_layers": len(blocks),
             "num_heads": a.n_heads, "num_kv_heads": a.n_kv_heads, "head_dim": a.head_dim,
             "rms_norm_eps": _eps_key(next(iter(eps))), "rope": _rope(raw, blocks, a.head_dim, where),
-            "tie_word_embeddings": tied}
+            "tie_word_embeddings": tied, "qkv_bias": "bias" in blocks[0].q.inputs}
 
 
 def _eps_key(eps: float) -> float:
@@ -256,4 +278,4 @@ def _rope(raw: RawIR, blocks: list[_Block], head_dim: int, where: str) -> RopeCo
     for f in fits[1:]:
         if not np.allclose(f.inv_freq, first.inv_freq, rtol=1e-5) or abs(f.mscale - first.mscale) > 1e-6:
             raise UnsupportedModel(f"{where}: the rotary embeddings of the blocks differ; grokc compiles one rope")
-    return fit_rope(first, head_dim, where)
+    return fit_rope(first, head_dim, f"{where}: node {raw.source[blocks[0].q_rope.name].describe()}")

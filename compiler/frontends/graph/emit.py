@@ -2,7 +2,9 @@
 
 ``RawIR`` collects IR nodes in the order the rules emit them, each remembering the source node it
 came from (for messages), the parameters they read (f32 arrays under provisional names), the int4
-grids of weights the source stored quantized, and the RoPE frequencies each ROPE node applies.
+grids of weights the source stored quantized, and the RoPE frequencies each ROPE node applies. A
+linear layer's bias joins its LINEAR node (``add_bias``) wherever the source adds it; which
+linears may have one is ``canonical.py``'s to say.
 """
 
 from __future__ import annotations
@@ -56,12 +58,26 @@ class RawIR:
     def producer(self, tensor: str) -> Node | None:
         return next((n for n in self.nodes if n.outputs[0] == tensor), None)
 
+    def linear(self, tensor: str) -> Node | None:
+        """The LINEAR node producing ``tensor``, None when another op does."""
+        node = self.producer(tensor)
+        return node if node is not None and node.op is OpKind.LINEAR else None
+
+    def add_bias(self, tensor: str, bias: np.ndarray, name: str, source: OpNode) -> None:
+        """Give the LINEAR producing ``tensor`` (none yet) the bias ``bias [N]`` under the provisional
+        name ``name``; ``source`` (the Add, or the node with the bias input) is then what it stands for."""
+        node = self.linear(tensor)
+        assert node is not None and "bias" not in node.inputs
+        self.nodes[self.nodes.index(node)] = replace(node, inputs={**node.inputs, "bias": self.param(name, bias)})
+        self.source[node.name] = source
+
     def split_linear(self, tensor: str, rows: list[int], source: OpNode) -> list[str]:
         """Replace the LINEAR producing ``tensor`` by one LINEAR per block of ``rows`` output rows (a
-        packed q/k/v projection); returns their outputs."""
-        node = self.producer(tensor)
-        assert node is not None and node.op is OpKind.LINEAR and node.attrs == LinearAttrs()
+        packed q/k/v projection, its bias split the same way); returns their outputs."""
+        node = self.linear(tensor)
+        assert node is not None and node.attrs == LinearAttrs()
         w = self.params[node.inputs["weight"]]
+        bias = node.inputs.get("bias")
         grid = self.carried.get(node.inputs["weight"])
         at = self.nodes.index(node)
         outs, start = [], 0
@@ -70,9 +86,11 @@ class RawIR:
             sub = None if grid is None else replace(
                 grid, scales=grid.scales[start:start + n], zeros=None if grid.zeros is None else grid.zeros[start:start + n])
             self.param(part, w[start:start + n], sub)
+            inputs = {"x": node.inputs["x"], "weight": part}
+            if bias is not None:
+                inputs["bias"] = self.param(f"{bias}[{start}:{start + n}]", self.params[bias][start:start + n])
             name = f"{node.name}/{j}"
-            self.nodes.insert(at + j, Node(OpKind.LINEAR, name, {"x": node.inputs["x"], "weight": part}, (name,),
-                                           LinearAttrs()))
+            self.nodes.insert(at + j, Node(OpKind.LINEAR, name, inputs, (name,), LinearAttrs()))
             self.types[name] = TensorType(("T", n), DType.F16)
             self.source[name] = self.source[node.name]
             outs.append(name)

@@ -1,6 +1,6 @@
 """ONNX frontend: an ``.onnx`` file (with its external data) -> ``LoadedModel`` carrying the IR of its graph.
 
-Accepted: the graphs ``torch.onnx.export`` writes of a Hugging Face causal LM (opset 20 decomposed
+Accepted: the graphs ``torch.onnx.export`` writes of a Hugging Face Llama or Qwen2 (opset 20 decomposed
 or opset 23 with RMSNormalization, RotaryEmbedding and Attention; with or without
 ``past_key_values`` inputs and ``present`` outputs), and those onnxruntime-genai's model builder
 writes (GroupQueryAttention with rotary folded in, SimplifiedLayerNormalization and

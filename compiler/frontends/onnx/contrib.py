@@ -1,16 +1,16 @@
 """Rules for onnxruntime's contrib ops, the ones onnxruntime-genai's model builder writes.
 
-- ``MatMulNBits(x, B, scales[, zero_points])`` -> ``LINEAR``: the blocks dequantized exactly as
-  onnxruntime does (``dequantize_blocks``); 4-bit blocks of a size grokc's int4 kernels take
-  (``quant.carried.carriable``) also keep their grid, so the quantize pass stores the same codes;
-  others (8 bits, blocks of 16) are re-quantized by the recipe, with a note;
+- ``MatMulNBits(x, B, scales[, zero_points][, g_idx absent, bias])`` -> ``LINEAR`` (with the bias):
+  the blocks dequantized exactly as onnxruntime does (``dequantize_blocks``); 4-bit blocks of a size
+  grokc's int4 kernels take (``quant.carried.carriable``) also keep their grid, so the quantize pass
+  stores the same codes; others (8 bits, blocks of 16) are re-quantized by the recipe, with a note;
 - ``GatherBlockQuantized(data, tokens, scales[, zero_points])`` -> ``EMBEDDING`` of the dequantized table;
 - ``SkipSimplifiedLayerNormalization(x, skip, w)`` -> ``ADD`` then ``RMS_NORM`` (output 0: the norm,
   output 3: the sum, the next residual);
-- ``GroupQueryAttention`` with rotary folded in -> the packed q/k/v projection split into three
-  ``LINEAR``s, a ``ROPE`` on q and on k, ``ATTENTION``: rotate-half (``rotary_interleaved=0``), no
-  window or softcap, lengths from the mask (``checks.check_lengths``), cos/sin caches that rotate
-  position ``p`` by ``p * inv_freq`` (``checks.rope_freqs``).
+- ``GroupQueryAttention`` with rotary folded in -> the packed q/k/v projection (and its bias) split
+  into three ``LINEAR``s, a ``ROPE`` on q and on k, ``ATTENTION``: rotate-half
+  (``rotary_interleaved=0``), no window or softcap, lengths from the mask (``checks.check_lengths``),
+  cos/sin caches that rotate position ``p`` by ``p * inv_freq`` (``checks.rope_freqs``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from grokc.compiler.frontends.graph.convert import Conversion, Rule
 from grokc.compiler.frontends.graph.kinds import HEADS, TOKENS, Act, Past, Tokens
 from grokc.compiler.frontends.graph.pattern import Anything, Const, Match, Op, Side, Var
 from grokc.compiler.frontends.graph.rules_attention import emit_attention
-from grokc.compiler.frontends.graph.rules_linear import emit_embedding, emit_linear
+from grokc.compiler.frontends.graph.rules_linear import bias_fits, emit_embedding, emit_linear
 from grokc.compiler.frontends.graph.rules_norm import emit_norm
 from grokc.compiler.frontends.graph.rules_rope import emit_rope
 from grokc.core.ir import OpKind
@@ -60,10 +60,16 @@ def dequantize_blocks(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray
 
 def _nbits_check(m: Match, cv: Conversion) -> bool:
     root, x = m.nodes["root"], cv.act(m.values["x"])
-    extra = [i for i in root.inputs[4:] if i]
-    if extra:
-        raise cv.refuse(root, "has a g_idx or bias input; grokc reads MatMulNBits weights without them")
+    if len(root.inputs) > 4 and root.inputs[4]:
+        raise cv.refuse(root, "has a g_idx input (act-order); grokc reads MatMulNBits blocks in order")
+    bias = _nbits_bias(root)
+    if bias is not None and not bias_fits(cv, bias, root.attrs.get("N", 0)):
+        raise cv.refuse(root, "has a bias input that is not a constant vector of its N outputs")
     return x.view == TOKENS and root.attrs.get("K") == x.channels
+
+
+def _nbits_bias(root) -> str | None:
+    return root.inputs[5] if len(root.inputs) > 5 and root.inputs[5] else None
 
 
 def _nbits(m: Match, cv: Conversion) -> None:
@@ -78,7 +84,7 @@ def _nbits(m: Match, cv: Conversion) -> None:
     else:
         cv.notes.append(f"{root.describe()}: {bits}-bit blocks of {bs} are re-quantized by the recipe (grokc keeps "
                         f"4-bit blocks of a multiple of {carried.FAST_BLOCK}, or covering K)")
-    cv.kinds[root.outputs[0]] = emit_linear(cv, m.values["x"], w, m.values["b"], root, grid)
+    cv.kinds[root.outputs[0]] = emit_linear(cv, m.values["x"], w, m.values["b"], root, grid, _nbits_bias(root))
 
 
 def _gbq_check(m: Match, cv: Conversion) -> bool:
@@ -103,7 +109,7 @@ def _gbq(m: Match, cv: Conversion) -> None:
 def _skip_check(m: Match, cv: Conversion) -> bool:
     root, x, skip = m.nodes["root"], cv.act(m.values["x"]), cv.act(m.values["skip"])
     if len(root.inputs) > 3 and root.inputs[3]:
-        raise cv.refuse(root, "adds a bias inside the norm; grokc's Llama family has no biases")
+        raise cv.refuse(root, "adds a bias inside the norm; grokc's decoders have RMSNorms without one")
     return x.view == skip.view == TOKENS and x.channels == skip.channels and \
         cv.graph.const(m.values["w"]).shape == (x.channels,)
 

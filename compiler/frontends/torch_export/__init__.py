@@ -10,9 +10,10 @@ carrying the IR of its ATen graph.
   inputs set it, so its outputs hold no cache object.
 
 Either way ``reader.py`` translates the ATen graph into the shared vocabulary and the shared rules
-(``frontends/graph``) turn it into IR: a transformers ``LlamaForCausalLM`` or a user's own
-Llama-like module, as long as its graph computes a Llama-family decoder (RMSNorm, rotate-half
-rotary embeddings of the positions, causal grouped-query attention, SwiGLU MLP).
+(``frontends/graph``) turn it into IR: a transformers ``LlamaForCausalLM`` or ``Qwen2ForCausalLM``
+or a user's own Llama-like module, as long as its graph computes a Llama-family decoder (RMSNorm,
+rotate-half rotary embeddings of the positions, causal grouped-query attention, SwiGLU MLP, biases
+on q, k and v or none).
 """
 
 from __future__ import annotations
