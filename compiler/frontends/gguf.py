@@ -63,6 +63,9 @@ def load_gguf(path: Path, progress: Callable[[str], None] | None = None) -> Load
     gguf_arch = metadata.get("general.architecture")
     arch = models.for_gguf(gguf_arch, f"GGUF '{path.name}'", moe=bool(metadata.get(f"{gguf_arch}.expert_count")))
     config = _config_from_metadata(arch, metadata, tensors, path)
+    if config.num_layers > len(tensors):   # before anything lists the layers' weights
+        raise UnsupportedModel(f"GGUF '{path.name}' has {gguf_arch}.block_count {config.num_layers} but holds only "
+                               f"{len(tensors)} tensors; the metadata is corrupt, re-export the file")
     shapes = arch.weight_shapes(config)
     fused = arch.split_sources(config, hf=False)
     in_parts = {p for parts in fused.values() for p in parts}

@@ -166,17 +166,18 @@ def _rope_from_hf(raw: dict[str, Any], where: str) -> RopeConfig:
 
 def _read_weights(folder: Path, files: list[str], config: ModelConfig) -> dict[str, np.ndarray]:
     arch = models.get(config.architecture)
+    handles = [_open(folder / file) for file in files]
+    count = sum(len(h.keys()) for h in handles)
+    if config.num_layers > count:   # before anything lists the layers' weights
+        raise UnsupportedModel(f"config.json in '{folder}' has num_hidden_layers {config.num_layers} but the "
+                               f"safetensors files hold only {count} tensors; the config belongs to another model")
     canonical = arch.hf_to_canonical(config)
     fused = arch.split_sources(config, hf=True)
     stacked = arch.hf_stacked(config)                      # canonical -> one HF tensor per expert
     slice_of = {hf: c for c, names in stacked.items() for hf in names}
     slices: dict[str, np.ndarray] = {}
     found: dict[str, np.ndarray] = {}
-    for file in files:
-        try:
-            handle = safe_open(str(folder / file), framework="pt")
-        except Exception as exc:  # safetensors raises its own error types on bad headers
-            raise UnsupportedModel(f"cannot read safetensors file '{folder / file}' ({exc}); re-download it") from exc
+    for file, handle in zip(files, handles):
         with handle as f:
             for name in f.keys():
                 if name in canonical:
@@ -208,6 +209,14 @@ def _read_weights(folder: Path, files: list[str], config: ModelConfig) -> dict[s
     for name, names in stacked.items():
         found[name] = _stack([slices[hf] for hf in names], names[0], folder)
     return {name: found[name] for name in expected}
+
+
+def _open(path: Path):
+    """A ``safe_open`` handle of ``path`` (its header read), or ``UnsupportedModel``."""
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as exc:  # safetensors raises its own error types on bad headers
+        raise UnsupportedModel(f"cannot read safetensors file '{path}' ({exc}); re-download it") from exc
 
 
 def _stack(experts: list[np.ndarray], first: str, folder: Path) -> np.ndarray:

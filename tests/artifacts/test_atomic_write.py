@@ -2,15 +2,19 @@
 
 A forked child process writes a new artifact over an old one and is sent SIGKILL or SIGINT at each
 line of the write phase in turn (a line tracer over store.py, output_dir.py and safetensors_io.py
-counts the lines it runs; the first, unkilled run says how many there are and where the swap
-begins: every one of the last 40 lines is a kill point, 20 more spread over the swap's fsyncs and
-10 over the writing before), or after a random delay.
+counts the lines it runs; a first, unkilled run of the same write over the same old artifact says
+how many there are, where the swap begins and where its critical part begins, the block that
+defers interrupts: every line from there to the end is a kill point, 20 more spread over the
+swap's fsyncs and 10 over the writing before), or after a random delay. The children run
+``store.write`` itself, not the conftest's wrapper that reads the weights back after it.
 After each kill the target must hold the old artifact or the new one, byte for byte as written,
 every hash checking; SIGINT must leave no staging folder; the next write removes what SIGKILL left.
 The same runs again with the fallback swap (two renames, for filesystems without RENAME_EXCHANGE),
 where the old artifact may wait in its backup folder until the next write puts it back.
 """
 
+import functools
+import inspect
 import os
 import random
 import shutil
@@ -37,23 +41,30 @@ def write_new(source: Path, target: Path, exchange: str = "exchange") -> None:
                            {a: art.kernels(a) for a in art.manifest.archs}, weights, art.tokenizer_json())
     if exchange == "fallback":
         output_dir._exchange = lambda a, b: False
-    store.write(target, *_INPUTS[source])
+    inspect.unwrap(store.write)(target, *_INPUTS[source])
 
 
 TRACED = {os.path.realpath(m.__file__) for m in (store, output_dir, safetensors_io)}
+
+
+@functools.lru_cache(maxsize=None)
+def traced(filename: str) -> bool:
+    """Whether lines of ``filename`` are kill points (cached: the tracer asks at every call, and a
+    ``realpath`` each time made one traced write take 20 s instead of 0.5)."""
+    return os.path.realpath(filename) in TRACED
 
 
 def child(source: Path, target: Path, kill_at: int = 0, sig: int = signal.SIGKILL, exchange: str = "exchange",
           counter: Path | None = None) -> int:
     """Fork a process that writes the new artifact over ``target`` and sends itself ``sig`` when it
     reaches the ``kill_at``-th line of the write (0: never; ``counter`` then receives how many lines
-    there were). Returns its pid."""
+    there were, where ``swap_in`` began and where it entered its interrupt-deferring block). Returns its pid."""
     pid = os.fork()
     if pid:
         return pid
     code = 1
     try:
-        count, swap_start = 0, 0
+        count, swap_start, critical = 0, 0, 0
 
         def local(frame, event, arg):
             nonlocal count
@@ -64,18 +75,20 @@ def child(source: Path, target: Path, kill_at: int = 0, sig: int = signal.SIGKIL
             return local
 
         def calls(frame, event, arg):
-            nonlocal swap_start
-            if os.path.realpath(frame.f_code.co_filename) not in TRACED:
+            nonlocal swap_start, critical
+            if not traced(frame.f_code.co_filename):
                 return None
             if frame.f_code.co_name == "swap_in" and not swap_start:
                 swap_start = count
+            if frame.f_code.co_name == "interrupts_deferred" and frame.f_back.f_back.f_code.co_name == "swap_in":
+                critical = critical or count   # (f_back is contextlib's __enter__)
             return local
 
         sys.settrace(calls)
         write_new(source, target, exchange)
         sys.settrace(None)
         if counter is not None:
-            counter.write_text(f"{count} {swap_start}")
+            counter.write_text(f"{count} {swap_start} {critical}")
         code = 0
     except KeyboardInterrupt:
         code = 130
@@ -95,16 +108,22 @@ def staging_left(folder: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def old_and_new(tiny_artifact, tmp_path_factory):
-    """The old artifact (the tiny one), the new one the child writes, and how many lines its write runs."""
+    """The old artifact (the tiny one), the new one the child writes, and, for each swap, how many
+    lines its write over the old artifact runs, where the swap begins and where its critical part does."""
     root = tmp_path_factory.mktemp("atomic")
     write_new(tiny_artifact, root / "warm")   # reads the inputs here, so the children only write
-    new, counter = root / "new", root / "lines"
-    assert wait(child(tiny_artifact, new, counter=counter)) == 0
-    old_manifest, new_manifest = (tiny_artifact / "manifest.json").read_bytes(), (new / "manifest.json").read_bytes()
+    counts = {}
+    for exchange in ("exchange", "fallback"):
+        target, counter = root / exchange / "out", root / f"{exchange}.lines"   # alone in its folder, as in
+        shutil.copytree(tiny_artifact, target)   # the tests (clean_stale's lines depend on the entries beside)
+        assert wait(child(tiny_artifact, target, exchange=exchange, counter=counter)) == 0
+        lines, swap_start, critical = map(int, counter.read_text().split())
+        assert 30 < swap_start < critical < lines, (lines, swap_start, critical)
+        counts[exchange] = lines, swap_start, critical
+    old_manifest = (tiny_artifact / "manifest.json").read_bytes()
+    new_manifest = (root / "exchange" / "out" / "manifest.json").read_bytes()
     assert old_manifest != new_manifest
-    lines, swap_start = map(int, counter.read_text().split())
-    assert 30 < swap_start < lines - 40
-    return tiny_artifact, old_manifest, new_manifest, lines, swap_start
+    return tiny_artifact, old_manifest, new_manifest, counts
 
 
 def check_whole(target: Path, old: bytes, new: bytes) -> str:
@@ -117,16 +136,19 @@ def check_whole(target: Path, old: bytes, new: bytes) -> str:
 
 @pytest.mark.parametrize("exchange", ["exchange", "fallback"])
 def test_a_rebuild_killed_at_any_line_leaves_the_old_or_the_new_artifact(old_and_new, tmp_path, exchange):
-    source, old, new, lines, swap_start = old_and_new
+    source, old, new, counts = old_and_new
+    lines, swap_start, critical = counts[exchange]
     target = tmp_path / "out"
     seen = set()
-    # Every one of the last 40 lines (the exchange or the two renames, removing the old artifact, the
-    # cleanup), 20 spread over the fsyncs before them and 10 over the writing: SIGKILL and SIGINT alternating.
-    tail = lines - 40
-    points = sorted({*range(1, swap_start, max(1, swap_start // 10)),
-                     *range(swap_start, tail, max(1, (tail - swap_start) // 20)), *range(tail, lines + 1)})
-    for kill_at in points:
-        sig = (signal.SIGKILL, signal.SIGINT)[kill_at % 2]
+    # Every line from the swap's critical part on (the exchange or the two renames, removing the old
+    # artifact, the cleanup), each with SIGKILL (SIGINT waits for the block to end) and every other one
+    # with SIGINT too; 20 spread over the fsyncs before and 10 over the writing, SIGKILL and SIGINT alternating.
+    points = [(k, (signal.SIGKILL, signal.SIGINT)[k % 2]) for k in sorted(
+        {*range(1, swap_start, max(1, swap_start // 10)),
+         *range(swap_start, critical, max(1, (critical - swap_start) // 20))})]
+    points += [(k, signal.SIGKILL) for k in range(critical, lines + 1)]
+    points += [(k, signal.SIGINT) for k in range(critical, lines + 1, 2)]
+    for kill_at, sig in points:
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(source, target)
         status = wait(child(source, target, kill_at, sig, exchange))
@@ -139,17 +161,18 @@ def test_a_rebuild_killed_at_any_line_leaves_the_old_or_the_new_artifact(old_and
     assert seen == {"old", "new"}       # the kills landed on both sides of the swap
 
 
-def test_a_rebuild_killed_after_a_random_delay(old_and_new, tmp_path):
-    source, old, new, _, _ = old_and_new
+@pytest.mark.parametrize("exchange", ["exchange", "fallback"])
+def test_a_rebuild_killed_after_a_random_delay(old_and_new, tmp_path, exchange):
+    source, old, new, _ = old_and_new
     target = tmp_path / "out"
     t0 = time.perf_counter()
-    assert wait(child(source, tmp_path / "timing")) == 0
+    assert wait(child(source, tmp_path / "timing", exchange=exchange)) == 0
     whole_run = time.perf_counter() - t0
     rng = random.Random(0)
     for sig in (signal.SIGKILL, signal.SIGINT) * 4:
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(source, target)
-        pid = child(source, target)
+        pid = child(source, target, exchange=exchange)
         time.sleep(rng.uniform(0.0, 1.0) * whole_run)
         os.kill(pid, sig)
         wait(pid)
@@ -159,10 +182,11 @@ def test_a_rebuild_killed_after_a_random_delay(old_and_new, tmp_path):
 
 
 def test_the_next_write_removes_what_a_killed_one_left(old_and_new, tmp_path):
-    source, old, new, _, swap_start = old_and_new
+    source, old, new, counts = old_and_new
     target = tmp_path / "out"
+    shutil.copytree(source, target)
     # killed as the swap begins: the staging folder is whole and stays behind
-    assert wait(child(source, target, swap_start, signal.SIGKILL)) == -signal.SIGKILL
+    assert wait(child(source, target, counts["exchange"][1], signal.SIGKILL)) == -signal.SIGKILL
     assert len(staging_left(tmp_path)) == 1
     assert wait(child(source, target)) == 0
     assert staging_left(tmp_path) == []

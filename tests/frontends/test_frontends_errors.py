@@ -188,3 +188,21 @@ def test_hf_shard_listed_but_missing(tiny_hf):
     index = {"weight_map": {"model.embed_tokens.weight": "model-00002-of-00002.safetensors"}}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     refusal(folder, "model-00002-of-00002.safetensors")
+
+
+def test_a_layer_count_past_the_tensors_is_refused_before_the_layers_are_listed(tmp_path):
+    """A GGUF whose block_count has a byte flipped (found by the fuzz test: listing 6.5 million
+    layers' weight names took 14 GB) and a config.json claiming a million layers: one line each, at once."""
+    from frontends_tiny import write_tiny_gguf, write_tiny_hf
+
+    path = write_tiny_gguf(tmp_path / "m.gguf")
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"llama.block_count") + len("llama.block_count") + 4   # the u32 after its type
+    assert int.from_bytes(raw[at:at + 4], "little") == 2
+    raw[at + 2] = 100
+    path.write_bytes(bytes(raw))
+    with pytest.raises(UnsupportedModel, match=r"has llama.block_count 6553602 but holds only \d+ tensors"):
+        load_model(path)
+    folder = write_tiny_hf(tmp_path / "hf", config={**tiny_hf_config(), "num_hidden_layers": 1_000_000})
+    with pytest.raises(UnsupportedModel, match=r"has num_hidden_layers 1000000 but the safetensors files hold only"):
+        load_model(folder)

@@ -111,3 +111,88 @@ def test_cli_prints_one_error_line(gelu, tmp_path):
 def test_cli_help_names_the_graph_inputs():
     out = CliRunner().invoke(app, ["build", "--help"]).output
     assert ".onnx" in out and ".pt2" in out and "--tokenizer" in out
+
+
+def _relocated(path, folder, location=None, **entries):
+    """A copy of ``path`` in ``folder`` whose first external tensor's entries are replaced (``location``
+    of every external tensor, when given): the tensor's name and the copy's path."""
+    model = onnx.load(str(path), load_external_data=False)
+    external = [t for t in model.graph.initializer if uses_external_data(t)]
+    for t in external:
+        for e in t.external_data:
+            if e.key == "location" and location is not None:
+                e.value = location
+    first = external[0]
+    for key, value in entries.items():
+        kept = [e for e in first.external_data if e.key != key]
+        del first.external_data[:]
+        first.external_data.extend(kept)
+        if value is not None:
+            first.external_data.add(key=key, value=value)
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(folder / "m.onnx"))
+    return first.name, folder / "m.onnx"
+
+
+@pytest.fixture
+def outside(gelu, tmp_path):
+    """A valid copy of the model's external data outside the model's folder (``tmp_path/model``): a
+    loader that followed a location there would read it and succeed."""
+    data = gelu[1].with_name(gelu[1].name + ".data")
+    (tmp_path / "elsewhere").mkdir()
+    return shutil.copy(data, tmp_path / "elsewhere" / "weights.data")
+
+
+@pytest.mark.parametrize("location", ["../elsewhere/weights.data", "sub/../../elsewhere/weights.data", "ABS",
+                                      "..\\elsewhere\\weights.data", ""])
+def test_external_data_outside_the_folder_is_refused(gelu, tmp_path, outside, location):
+    location = str(outside) if location == "ABS" else location
+    (tmp_path / "model" / "sub").mkdir(parents=True)
+    name, model = _relocated(gelu[1], tmp_path / "model", location)
+    with pytest.raises(UnsupportedModel) as err:
+        read_model(model)
+    msg = str(err.value)
+    assert f"keeps tensor '{name}' in '{location}', which is not a plain relative path inside the model's folder" \
+        in msg and "\n" not in msg, msg
+
+
+def test_external_data_through_a_link_leaving_the_folder_is_refused(gelu, tmp_path, outside):
+    name, model = _relocated(gelu[1], tmp_path / "model", "weights.data")
+    (tmp_path / "model" / "weights.data").symlink_to(outside)
+    with pytest.raises(UnsupportedModel, match=rf"keeps tensor '{name}' in 'weights.data', which is a symbolic link "
+                                               rf"to '{outside}' outside the model's folder"):
+        read_model(model)
+    (tmp_path / "model" / "weights.data").unlink()
+    (tmp_path / "model" / "weights.data").symlink_to("../elsewhere/weights.data")
+    with pytest.raises(UnsupportedModel, match="which is a symbolic link to"):
+        read_model(model)
+
+
+def test_external_data_linked_inside_the_folder_or_beside_the_linked_graph_reads(gelu, tmp_path):
+    """The Hugging Face cache's layout: the graph and its data are links into one blobs folder."""
+    data = gelu[1].with_name(gelu[1].name + ".data")
+    blobs = tmp_path / "blobs"
+    name, model = _relocated(gelu[1], blobs, "weights.data")
+    shutil.copy(data, blobs / "weights.data")
+    (tmp_path / "snapshot").mkdir()
+    (tmp_path / "snapshot" / "m.onnx").symlink_to(model)
+    (tmp_path / "snapshot" / "weights.data").symlink_to(blobs / "weights.data")
+    want = numpy_helper.to_array(next(t for t in onnx.load(str(gelu[1])).graph.initializer if t.name == name))
+    graph = to_opgraph(read_model(tmp_path / "snapshot" / "m.onnx")[0], tmp_path / "snapshot" / "m.onnx")
+    np.testing.assert_array_equal(graph.constants[name], want)
+
+
+@pytest.mark.parametrize("entries, says", [
+    ({"offset": "-8"}, "with offset '-8', which is not a byte count"),
+    ({"offset": "0x10"}, "with offset '0x10', which is not a byte count"),
+    ({"length": "1e3"}, "with length '1e3', which is not a byte count"),
+    ({"length": "4"}, "does not hold tensor"),
+    ({"offset": str(1 << 40)}, "does not hold tensor"),
+])
+def test_external_data_entries_out_of_range_are_refused(gelu, tmp_path, entries, says):
+    data = gelu[1].with_name(gelu[1].name + ".data")
+    name, model = _relocated(gelu[1], tmp_path, **entries)
+    shutil.copy(data, tmp_path / data.name)
+    with pytest.raises(UnsupportedModel) as err:
+        read_model(model)
+    assert says in str(err.value) and f"'{name}'" in str(err.value), str(err.value)

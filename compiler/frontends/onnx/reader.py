@@ -6,8 +6,9 @@
   version is refused, naming it;
 - initializers stored inline are converted by ``onnx.numpy_helper``; external ones (``x.onnx.data``,
   a model of any size) are mapped from their file as the tensor's ``external_data`` entries say
-  (location, offset, length), after ``read_model`` checked that every such file exists beside the
-  model and holds its tensors (a truncated file is refused before anything is matched);
+  (location, offset, length), after ``read_model`` checked every such place with
+  ``external_data.locate`` (a file inside the model's folder that holds the tensor's bytes: a
+  location leaving the folder, or a truncated file, is refused before anything is opened or matched);
 - ``Constant`` nodes become constants; every other node becomes an ``OpNode`` with the domain dropped
   from its op, its attributes as Python values and, where an op takes them as constant inputs
   (``axes``, Slice's ``starts``/``ends``/``axes``/``steps``), those too; ``Cast``'s ``to`` as a numpy
@@ -25,10 +26,11 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
-from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+from onnx.external_data_helper import uses_external_data
 
 from grokc.compiler.frontends.graph.opgraph import OpGraph, OpNode
 from grokc.compiler.frontends.onnx.evaluate import Evaluator
+from grokc.compiler.frontends.onnx.external_data import locate
 from grokc.core.errors import UnsupportedModel
 
 OPSETS = {"": (14, 23), "com.microsoft": (1, 1)}
@@ -58,10 +60,8 @@ def read_model(path: Path) -> tuple[onnx.ModelProto, list[Path]]:
                                    f"{high}: export with opset_version={min(max(imp.version, low), high)}")
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
-    external = [t for t in _tensors(model) if uses_external_data(t)]
-    for t in external:
-        _check_external(t, path)
-    return model, sorted({path.parent / ExternalDataInfo(t).location for t in external})
+    places = [locate(t, path) for t in _tensors(model) if uses_external_data(t)]
+    return model, sorted({p.file for p in places})
 
 
 def to_opgraph(model: onnx.ModelProto, path: Path) -> OpGraph:
@@ -120,30 +120,13 @@ class _Initializers(Mapping):
 
 
 def _load(t: onnx.TensorProto, path: Path) -> np.ndarray:
-    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type))
     if not uses_external_data(t):
         return numpy_helper.to_array(t)
-    info = ExternalDataInfo(t)   # read_model checked the file holds it
-    file = path.parent / info.location
-    count = int(np.prod(t.dims, dtype=np.int64))
-    if count == 0:
-        return np.zeros(tuple(t.dims), dtype)
-    return np.memmap(file, dtype=dtype.newbyteorder("<"), mode="r", offset=info.offset, shape=tuple(t.dims))
-
-
-def _check_external(t: onnx.TensorProto, path: Path) -> None:
-    """The external-data file of ``t`` exists beside ``path`` and holds its bytes."""
-    info = ExternalDataInfo(t)
-    file = path.parent / info.location
-    if not file.is_file():
-        raise UnsupportedModel(f"ONNX model '{path.name}' keeps tensor '{t.name}' in '{info.location}', which is "
-                               "missing; keep the external-data file beside the .onnx file")
-    size = int(np.prod(t.dims, dtype=np.int64)) * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-    length = info.length if info.length else size
-    if length != size or file.stat().st_size < info.offset + length:
-        raise UnsupportedModel(f"external-data file '{file.name}' of '{path.name}' does not hold tensor '{t.name}' "
-                               f"({length} bytes at offset {info.offset} of {file.stat().st_size}); the file is "
-                               "truncated or belongs to another export")
+    place = locate(t, path)
+    if place.nbytes == 0:
+        return np.zeros(tuple(t.dims), place.dtype)
+    return np.memmap(place.file, dtype=place.dtype.newbyteorder("<"), mode="r", offset=place.offset,
+                     shape=tuple(t.dims))
 
 
 def _constant_value(n: onnx.NodeProto, path: Path) -> np.ndarray:

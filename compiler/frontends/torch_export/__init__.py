@@ -1,7 +1,8 @@
 """torch.export frontend: a ``.pt2`` program, or an ``nn.Module`` with example inputs -> ``LoadedModel``
 carrying the IR of its ATen graph.
 
-- ``load_pt2(path, tokenizer)``: a program saved with ``torch.export.save`` (``grokc build model.pt2``);
+- ``load_pt2(path, tokenizer)``: a program saved with ``torch.export.save`` (``grokc build model.pt2``),
+  screened by ``archive.check_archive`` first (nothing in it may run code when torch loads it);
 - ``load_module(module, example_inputs, tokenizer)``: the Python API; exports ``module`` with
   ``torch.export.export(strict=False)``, the sequence dimension (dim 1 of every 2-D integer input,
   e.g. ``input_ids`` and ``position_ids``) dynamic unless ``dynamic_shapes`` says otherwise; a
@@ -29,6 +30,7 @@ import torch
 from grokc.compiler.frontends import LoadedModel
 from grokc.compiler.frontends.graph import SHARED_RULES, to_loaded
 from grokc.compiler.frontends.graph.source import SourceInfo, read_source_info, sources_sha256
+from grokc.compiler.frontends.torch_export.archive import check_archive
 from grokc.compiler.frontends.torch_export.reader import to_opgraph
 from grokc.core.errors import UnsupportedModel
 
@@ -38,6 +40,7 @@ Progress = Callable[[str], None]
 def load_pt2(path: Path, tokenizer: str | Path | None = None, progress: Progress | None = None) -> LoadedModel:
     say = progress or (lambda _msg: None)
     say(f"reading torch.export program {path.name}")
+    check_archive(path)
     try:
         ep = torch.export.load(str(path))
     except (zipfile.BadZipFile, RuntimeError, KeyError, ValueError, EOFError, OSError) as exc:

@@ -13,11 +13,12 @@ so it is either a side value (masks, positions) or named as the node grokc canno
 
 Parameters, buffers and lifted constants are the graph's constants; the user inputs are its inputs.
 The evaluator runs the nodes a side value depends on with real tensors (``aten`` ops called as
-the program would), a ``Size`` of an activation answered from the shape the conversion gives it.
+the program would; a node whose target is not a torch operator or Python arithmetic is refused), a ``Size`` of an activation answered from the shape the conversion gives it.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,6 +32,9 @@ from grokc.core.errors import UnsupportedModel
 _A = torch.ops.aten
 _INT_MAX = 2 ** 63 - 1
 _SKIP = {"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size", "sym_constrain_range"}
+_PY_OPS = {operator.getitem, operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv,
+           operator.mod, operator.neg, operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge,
+           torch.sym_int, torch.sym_float, torch.sym_max, torch.sym_min, torch.sym_not}
 _PIECES = {"chunk", "split", "split_with_sizes"}   # read through the getitems that take their pieces
 
 
@@ -189,6 +193,11 @@ _OPS = {
 }
 
 
+def _callable_op(target: Any) -> bool:
+    """An operator the evaluator may call: a torch operator (ATen or higher-order) or Python arithmetic."""
+    return isinstance(target, (torch._ops.OperatorBase, torch._ops.OpOverloadPacket)) or target in _PY_OPS
+
+
 def _numpy(t: torch.Tensor) -> np.ndarray:
     t = t.detach()
     if t.dtype == torch.bfloat16:
@@ -210,6 +219,9 @@ class _Evaluator:
         for name in sorted(needed, key=self._order.__getitem__):
             n = self._nodes[name]
             args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda a: env[a.name])
+            if not _callable_op(n.target):
+                raise UnsupportedModel(f"{self._graph.source}: node '{name}' calls {n.target!r}, which is not an "
+                                       "ATen operator; grokc computes nothing else from a program")
             try:
                 env[name] = n.target(*args, **kwargs)
             except Exception as exc:   # an ATen op fails on the probe  # noqa: BLE001
