@@ -63,6 +63,9 @@ def child(source: Path, target: Path, kill_at: int = 0, sig: int = signal.SIGKIL
     if pid:
         return pid
     code = 1
+    # Python's KeyboardInterrupt on SIGINT even where the suite was started with SIGINT ignored (a
+    # background job of a shell without job control inherits SIG_IGN, and Python then keeps it)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         count, swap_start, critical = 0, 0, 0
 

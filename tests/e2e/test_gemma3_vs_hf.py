@@ -74,7 +74,7 @@ def test_fp16_last_token_logits_match_transformers(fp16, reference, tokenizer):
 
 def test_default_recipe_builds_with_a_quality_report(tmp_path, gemma3_gguf):
     cheap = CalibrationOptions(samples=4, tokens=256, sequential=False)   # the recipe's path, not its quality
-    manifest = build(gemma3_gguf, tmp_path / "int4", BuildOptions(calibration=cheap, quality_tokens=1024,
+    manifest = build(gemma3_gguf, tmp_path / "int4", BuildOptions(calibration=cheap, quality_tokens=512,
                                                                   quality_context=256, **BUILD))
     assert manifest.quant.name == "int4" and manifest.quant.weight_format == "q4"
     report = manifest.quant.quality
