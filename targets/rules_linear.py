@@ -36,6 +36,7 @@ import re
 from dataclasses import dataclass
 
 from grokc.targets.base import Feature, KernelCall, KernelChoice, Target
+from grokc.targets.rules_tvm import rule_tvm
 
 HEADERS: tuple[str, ...] = (
     "common.cuh", "pdl.cuh", "linear_common.cuh", "linear_gemv2.cuh", "linear_gemv.cuh", "linear_gemm.cuh",
@@ -527,4 +528,5 @@ def rule_rows(call: KernelCall, target: Target) -> KernelChoice | None:
                         pdl=target.has(Feature.PDL))
 
 
-RULES = {"linear": [rule_rows, rule_gemv2, rule_gemv, rule_gemm, rule_ref]}
+# rule_tvm answers only where the build asks for TVM's kernels or AUTO_TVM says they won (rules_tvm)
+RULES = {"linear": [rule_tvm, rule_rows, rule_gemv2, rule_gemv, rule_gemm, rule_ref]}
