@@ -24,6 +24,9 @@ f32 inputs (kernel_abi's ``x_dtype`` / ``residual_dtype``; the batch-1 decode gr
 ``passes/fuse_decode_mlp.py``) are read by gemv2, rows and ref, whose symbols then end in ``_<io>``:
 ``x32``, ``r32`` or ``x32r32``; the gemv and gemm families take f16 inputs only.
 
+Ahead of them all, ``rules_tvm.rule_tvm``: Apache TVM's dlight kernels, only where the build asks for
+them (``--kernels tvm``) or ``rules_tvm.AUTO_TVM`` lists the arch (none yet).
+
 Module protocol (shared with ``rules_attention`` and ``rules_misc``): ``RULES``, ``HEADERS``
 (files under ``targets/kernels/`` the sources need) and ``kernel_source(symbol)``.
 """
