@@ -7,13 +7,16 @@ generates their TVM kernels on a machine with TVM, for a GPU node without it).
 gate_up 16384x2048, down 2048x8192, the f16 LM head 128256x2048) at M = 1, also with a zero per
 channel (the default int4 recipe's format); the four at M = 512, gate_up and down at M = 2048. As
 TVM covers them: no norm and no activation (gate_up as one 16384-row matrix), o and down adding
-their residual. ``ODD``: shapes no tile divides, for the GPU test only.
+their residual. ``ODD``: shapes no tile divides, for the GPU test only. ``tiny_tvm_build``: a small
+synthetic Llama built with ``--kernels tvm``, which the GPU test runs on the GPU against the CPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -96,3 +99,22 @@ def host_args(c: Case, seed: int = 0) -> dict:
         a["residual"] = rng.standard_normal((c.m, c.n)).astype(F16)
     a["out"] = np.full((c.m, c.n), np.nan, F16 if c.out == "f16" else F32)
     return a
+
+
+TINY_CONFIG = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, "max_position_embeddings": 512,
+               "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": True}
+TINY_BUCKETS = (16, 64)
+
+
+def tiny_tvm_build(folder: Path, arch: str) -> Path:
+    """Build ``TINY_CONFIG`` (synthetic int4 weights, batch 2) with ``--kernels tvm`` for ``arch`` under
+    ``folder``; the artifact's path. Its TVM kernels: o and down in every prefill bucket (``tvm_gemm``)
+    and o in ``decode_1`` (``tvm_gemv``; down is in ``mlp_decode`` there)."""
+    from grokc.compiler.build import BuildOptions, build
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(TINY_CONFIG))
+    build(folder / "config.json", folder / "art", BuildOptions(archs=(arch,), batch=2, buckets=TINY_BUCKETS, max_seq=128,
+                                                                synthetic_seed=3, kernels="tvm"))
+    return folder / "art"

@@ -11,7 +11,10 @@ GPU, launched through the op's own parameter list on NaN-poisoned ``out``, and c
 
 (x and the codes minus their integer zero are exact in f16 and the sums fp32: the error is the f16
 rounding of the output, 2**-11, and the order of the sums). Also that ``out`` aliasing ``residual``
-gives the same. A GPU node has no TVM: the kernels come from ``$GROKC_TVM_KERNELS``
+gives the same. And a tiny synthetic Llama built with ``--kernels tvm`` (``tvm_cases.tiny_tvm_build``:
+TVM's kernels in every prefill bucket and in ``decode_1``, between our kernels in one CUDA graph)
+gives the CPU executor's logits to ``plan_compare.TOL`` in every bucket and teacher-forced decode.
+A GPU node has no TVM: the kernels come from ``$GROKC_TVM_KERNELS``
 (``bench/tvm_kernels_gen.py``, scripts/device_tvm.sh); without TVM or that folder the tests skip.
 """
 
@@ -24,13 +27,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kernel_harness import run_kernel
+from kernel_harness import Launch, Shared, run_chain, run_kernel
+from plan_compare import TOL as PLAN_TOL
+from plan_compare import prefill_logits, rel_err
 
+from grokc.runner import Runner
 from grokc.runner.cpu import OPS
 from grokc.targets import build_kernels, get_target, rules_tvm, select
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from tvm_cases import BENCH, ODD, Case, host_args  # noqa: E402
+from tvm_cases import BENCH, ODD, TINY_BUCKETS, Case, host_args, tiny_tvm_build  # noqa: E402
 
 TOL = 2e-3
 CASES = list(dict.fromkeys(ODD + BENCH))
@@ -87,9 +93,27 @@ def test_out_may_alias_residual(c, sm):
     target = dataclasses.replace(get_target(f"sm{sm}"), kernels="tvm")
     choice = select(c.call(), target)
     cubin = build_kernels([choice.kernel], target)
-    from kernel_harness import Launch, Shared, run_chain
-
     shared = {"h": args["residual"].copy()}
     got = run_chain([Launch(cubin, choice.kernel, choice.grid, choice.block, choice.smem, "linear",
                             {**args, "out": Shared("h"), "residual": Shared("h")})], shared)
     check(got["h"], want, c.symbol + " (out = residual)")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, sm):
+    path = tiny_tvm_build(tmp_path_factory.mktemp("tvm-tiny"), f"sm{sm}")
+    return Runner(path, device="cuda"), Runner(path, device="cpu")
+
+
+def test_a_tvm_build_runs_on_the_gpu_as_on_the_cpu(tiny):
+    gpu, cpu = tiny
+    rules = {launch.rule for g in gpu.plan.graphs.values() for launch in g.launches}
+    assert {"linear.tvm_gemv", "linear.tvm_gemm"} <= rules
+    rng = np.random.default_rng(0)
+    for bucket in TINY_BUCKETS:
+        for n in (5, bucket):
+            ids = [int(t) for t in rng.integers(3, 1000, n)]
+            assert rel_err(prefill_logits(gpu, ids, bucket), prefill_logits(cpu, ids, bucket)) < PLAN_TOL
+    seqs = [[int(t) for t in rng.integers(3, 1000, n)] for n in (40, 23, 9)]   # 3 sequences > batch 2
+    for g, c in zip(gpu.engine.score(seqs), cpu.engine.score(seqs)):
+        assert rel_err(g, c) < PLAN_TOL
