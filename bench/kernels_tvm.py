@@ -21,7 +21,6 @@ run cut short keeps what it measured.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
