@@ -92,7 +92,6 @@ class TorchDecoder(torch.nn.Module):
             x = x + (self._mlp(xn, layer) if c.moe is None else self._experts(xn, layer))
         return (self._norm(x, self.final_norm) @ self.head.T).float()
 
-
     def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
         """One prompt into slot 0: ``tokens`` [L] -> its last token's logits [1, vocab] (f32), cache
         rows 0..L-1 written, attention causal over the prompt (dense FFNs only)."""

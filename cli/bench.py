@@ -106,11 +106,7 @@ def bench_artifact(path: Path, steps: int = 100, context: int = 128, baselines: 
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(100, cfg.vocab_size - 100, context)]
 
-    t0 = time.perf_counter()
-    slot = engine.add(prompt, SamplingParams(max_new_tokens=1))
-    engine.tokens(slot)
-    ttft_ms = (time.perf_counter() - t0) * 1e3
-    engine.release(slot)
+    ttft_ms = _first_token_ms(engine, prompt, tries=1)   # the first request after load
 
     prefill, ttft_by_prompt = {}, {}
     for L in buckets:

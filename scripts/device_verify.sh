@@ -26,8 +26,8 @@ parts=("$@")
 )
 logs=$(mktemp -d)
 for i in "${!parts[@]}"; do
-  # shellcheck disable=SC2086  # each part is a list of pytest arguments
   echo "# ${parts[$i]}" > "$logs/$i.log"
+  # shellcheck disable=SC2086  # each part is a list of pytest arguments
   timeout -k 10 "${TEST_TIMEOUT:-480}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfEsxX --timeout 400 \
     ${parts[$i]} >> "$logs/$i.log" 2>&1 &
 done

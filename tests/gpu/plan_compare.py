@@ -2,6 +2,7 @@
 logits read back from either executor, and the CPU's greedy tokens that no fp16 near-tie can flip."""
 
 import numpy as np
+from near_tie import clear_prefix
 
 from grokc.runner import Runner, SamplingParams
 
@@ -26,6 +27,4 @@ def clear_greedy(cpu: Runner, ids: list[int], n_new: int) -> list[int]:
     exactly them; past a near-tie a different token is rounding, not an error."""
     want = cpu.generate_ids([ids], SamplingParams(max_new_tokens=n_new))[0]
     steps = cpu.engine.score([ids + want])[0][len(ids) - 1:len(ids) - 1 + len(want)]
-    top2 = np.sort(steps, axis=1)[:, -2:]
-    clear = top2[:, 1] - top2[:, 0] >= 2 * TOL * np.sqrt((steps ** 2).mean(axis=1))
-    return want if clear.all() else want[:int(np.argmin(clear))]
+    return want[:clear_prefix(steps, TOL)]
