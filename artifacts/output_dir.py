@@ -12,8 +12,9 @@ removing such folders whose process no longer runs (a build killed before it cou
 with an existing artifact atomically (then the old one, now in the staging folder, is removed),
 or one ``rename`` when there is none. Where the filesystem cannot exchange, the old artifact is
 first renamed to ``.<name>.grokc-old.<pid>.<random>`` and the next write into the target puts it back if
-the process died before the new one was in place. A kill at any instant leaves either the old
-artifact or the new one whole at the target (with the fallback: or the old one in its backup).
+the process died before the new one was in place, and so does ``recover`` when the artifact is
+opened (as SQLite rolls back a hot journal on open). A kill at any instant leaves either the old
+artifact or the new one whole at the target, as the next writer or reader sees it.
 """
 
 from __future__ import annotations
@@ -135,15 +136,37 @@ def staging_path(out: Path) -> Path:
 def clean_stale(out: Path) -> None:
     """Remove staging folders beside ``out`` left by processes that no longer run; put back an old
     artifact a dead process had moved aside when ``out`` is missing (the fallback swap)."""
+    recover(out)
+    for entry, kind in _left_by_dead(out):
+        if kind == _STAGING or out.exists():    # a backup stays while it is the only copy
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def recover(out: Path) -> Path:
+    """Where the artifact ``out`` is: ``out`` itself, unless it is missing because a process died
+    between the fallback swap's two renames; then its backup is renamed back to ``out`` (or, where
+    that is not allowed, the backup is where it is)."""
+    if out.exists() or not out.parent.is_dir():
+        return out
+    for entry, kind in _left_by_dead(out):
+        if kind == _OLD:
+            try:
+                os.rename(entry, out)
+            except OSError:
+                return entry
+            return out
+    return out
+
+
+def _left_by_dead(out: Path) -> list[tuple[Path, str]]:
+    """The staging and backup folders beside ``out`` whose process no longer runs, with their kind."""
     pattern = re.compile(rf"\.{re.escape(out.name)}\.({_STAGING}|{_OLD})\.(\d+)\.[0-9a-f]{{8}}")
+    found = []
     for entry in sorted(out.parent.iterdir()):
         match = pattern.fullmatch(entry.name)
-        if match is None or entry.is_symlink() or not entry.is_dir() or _alive(int(match.group(2))):
-            continue
-        if match.group(1) == _OLD and not out.exists():
-            os.rename(entry, out)
-        else:
-            shutil.rmtree(entry, ignore_errors=True)
+        if match is not None and not entry.is_symlink() and entry.is_dir() and not _alive(int(match.group(2))):
+            found.append((entry, match.group(1)))
+    return found
 
 
 def _alive(pid: int) -> bool:

@@ -110,8 +110,9 @@ class Artifact:
 
 def open_artifact(path: str | Path, verify: bool = True) -> Artifact:
     """Open an artifact folder: its manifest checked, every file it lists a regular file inside the
-    folder of the listed size; with ``verify`` also of the listed SHA-256, and nothing else there."""
-    path = Path(path)
+    folder of the listed size; with ``verify`` also of the listed SHA-256, and nothing else there.
+    A writer killed inside the fallback swap left it in a backup, which ``output_dir.recover`` puts back."""
+    path = output_dir.recover(Path(path))
     if not (path / MANIFEST).is_file():
         raise ArtifactError(f"'{path}' is not a grokc artifact (no {MANIFEST}); build one with `grokc build MODEL -o {path}`")
     manifest = Manifest.from_bytes(_read(path, MANIFEST, MAX_MANIFEST_BYTES))

@@ -1,7 +1,8 @@
 """``grokc verify``: integrity of every file, and optionally numerics against the source model.
 
-Integrity: every file's SHA-256 against the manifest (and the manifest's own checksum); the first
-mismatch is an ``ArtifactError`` naming the file.
+Integrity: every file's SHA-256 against the manifest (and the manifest's own checksum), then each
+arch's plan through the check the executors make (``Artifact.plan``); the first mismatch is an
+``ArtifactError`` naming the file.
 
 Numerics (``--model``): the source file must be the one the artifact was built from (same
 SHA-256); then one window of the pydoc text is scored by the artifact's CPU plan and by the
@@ -28,7 +29,10 @@ CHECK_TOKENS = 64
 def verify_artifact(path: Path, model: Path | None, progress: Callable[[str], None] = lambda s: None,
                     tokenizer: Path | None = None) -> Iterator[str]:
     art = open_artifact(path, verify=True)
-    yield f"ok: {len(art.manifest.files)} files match their SHA-256 ({', '.join(art.manifest.archs)})"
+    for arch in art.manifest.archs:
+        art.plan(arch)     # the check both executors make before they run it
+    yield (f"ok: {len(art.manifest.files)} files match their SHA-256, and the plans check "
+           f"({', '.join(art.manifest.archs)})")
     if model is None:
         return
     from grokc.runner import Runner

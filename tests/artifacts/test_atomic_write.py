@@ -10,7 +10,8 @@ swap's fsyncs and 10 over the writing before), or after a random delay. The chil
 After each kill the target must hold the old artifact or the new one, byte for byte as written,
 every hash checking; SIGINT must leave no staging folder; the next write removes what SIGKILL left.
 The same runs again with the fallback swap (two renames, for filesystems without RENAME_EXCHANGE),
-where the old artifact may wait in its backup folder until the next write puts it back.
+where a kill between the renames leaves the old artifact in its backup folder until the next
+reader or writer puts it back.
 """
 
 import functools
@@ -130,10 +131,12 @@ def old_and_new(tiny_artifact, tmp_path_factory):
 
 
 def check_whole(target: Path, old: bytes, new: bytes) -> str:
-    """'old' or 'new': what the target holds, after checking it is that artifact whole."""
+    """'old' or 'new': what the target holds as a reader opens it (which puts back the fallback's
+    backup of a dead writer), after checking it is that artifact whole."""
+    opened = open_artifact(target, verify=True)   # every file there, of its size and hash, nothing else
+    assert opened.path == target
     manifest = (target / "manifest.json").read_bytes()
     assert manifest in (old, new)
-    open_artifact(target, verify=True)   # every file there, of its size and hash, nothing else
     return "old" if manifest == old else "new"
 
 
@@ -142,7 +145,7 @@ def test_a_rebuild_killed_at_any_line_leaves_the_old_or_the_new_artifact(old_and
     source, old, new, counts = old_and_new
     lines, swap_start, critical = counts[exchange]
     target = tmp_path / "out"
-    seen = set()
+    seen, missing = set(), 0
     # Every line from the swap's critical part on (the exchange or the two renames, removing the old
     # artifact, the cleanup), each with SIGKILL (SIGINT waits for the block to end) and every other one
     # with SIGINT too; 20 spread over the fsyncs before and 10 over the writing, SIGKILL and SIGINT alternating.
@@ -158,10 +161,12 @@ def test_a_rebuild_killed_at_any_line_leaves_the_old_or_the_new_artifact(old_and
         assert status == (-signal.SIGKILL if sig == signal.SIGKILL else 130), f"line {kill_at}: status {status}"
         if sig == signal.SIGINT:
             assert staging_left(tmp_path) == [], f"line {kill_at}: SIGINT left {staging_left(tmp_path)}"
-        output_dir.clean_stale(target)      # what the next write does first (the fallback's backup comes back)
-        assert staging_left(tmp_path) == [], f"line {kill_at}: {staging_left(tmp_path)} left after clean_stale"
+        missing += not target.exists()
         seen.add(check_whole(target, old, new))
+        output_dir.clean_stale(target)      # what the next write does first
+        assert staging_left(tmp_path) == [], f"line {kill_at}: {staging_left(tmp_path)} left after clean_stale"
     assert seen == {"old", "new"}       # the kills landed on both sides of the swap
+    assert (missing > 0) == (exchange == "fallback")    # only the two renames leave a gap, and it was hit
 
 
 @pytest.mark.parametrize("exchange", ["exchange", "fallback"])
@@ -179,8 +184,8 @@ def test_a_rebuild_killed_after_a_random_delay(old_and_new, tmp_path, exchange):
         time.sleep(rng.uniform(0.0, 1.0) * whole_run)
         os.kill(pid, sig)
         wait(pid)
-        output_dir.clean_stale(target)
         check_whole(target, old, new)
+        output_dir.clean_stale(target)
         assert staging_left(tmp_path) == [], staging_left(tmp_path)
 
 
@@ -206,3 +211,18 @@ def test_a_live_writers_staging_folder_is_left_alone(tmp_path):
         (d / "f").write_text("x")
     output_dir.clean_stale(tmp_path / "out")
     assert live.is_dir() and mine.is_dir() and not dead.exists()
+
+
+def test_a_reader_that_may_not_rename_opens_the_backup_in_place(tiny_artifact, tmp_path, monkeypatch):
+    """The fallback's gap seen by a reader without write access to the folder: the dead writer's
+    backup is opened where it lies, and nothing is deleted."""
+    dead_pid = int(Path('/proc/sys/kernel/pid_max').read_text()) + 1
+    backup = tmp_path / f".out.grokc-old.{dead_pid}.0123abcd"
+    shutil.copytree(tiny_artifact, backup)
+
+    def refuse(a, b):
+        raise PermissionError(13, "Permission denied", str(a))
+    monkeypatch.setattr(os, "rename", refuse)
+    assert open_artifact(tmp_path / "out").path == backup
+    output_dir.clean_stale(tmp_path / "out")      # the only copy stays
+    assert backup.is_dir() and not (tmp_path / "out").exists()

@@ -207,12 +207,14 @@ def test_weights_the_plan_reads_past_are_refused(art):
     refused(art, "token_embd.weight")
 
 
-def test_the_plan_json_is_checked_in_inspect_too(art):
+def test_the_plan_json_is_checked_in_inspect_and_verify_too(art):
     from grokc.cli.inspect import describe
+    from grokc.cli.verify import verify_artifact
 
     edit_plan(art, lambda p: p.pop("graphs"))
-    with pytest.raises(ArtifactError, match="not a grokc plan"):
-        describe(art)
+    for read in (describe, lambda a: list(verify_artifact(a, None))):
+        with pytest.raises(ArtifactError, match="not a grokc plan"):
+            read(art)
 
 
 def test_the_gpu_executor_checks_the_plan_as_the_cpu_executor_does(art):
