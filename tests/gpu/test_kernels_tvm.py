@@ -85,7 +85,7 @@ def test_tvm_kernel_matches_the_oracle(c, sm):
     check(launch(c, sm, args)["out"], oracle(c, args), c.symbol)
 
 
-@pytest.mark.parametrize("c", [c for c in ODD if c.residual][:2], ids=lambda c: c.symbol)
+@pytest.mark.parametrize("c", [c for c in ODD if c.residual and c.out == "f16"][:2], ids=lambda c: c.symbol)
 def test_out_may_alias_residual(c, sm):
     """The op lets ``out`` be ``residual`` (o and down add into the hidden state in place)."""
     args = host_args(c, seed=2)
