@@ -1,4 +1,6 @@
-"""The last rung of the ladder on the GPU: SmolLM2-135M through CUDA graphs vs the CPU executor.
+"""The last rung of the ladder on the GPU: the real test models (SmolLM2-135M, and Gemma-3-270M:
+head_dim 256, sliding windows, q/k norms, GeGLU, the residual rescaling) through CUDA graphs vs
+the CPU executor.
 
 Both executors run the same plan; the GPU kernels round differently (half2 math in the int4
 GEMV, f16 tensor-core operands in prefill), so logits must agree to 3e-2 of their RMS (max over every position and vocabulary entry) and the
@@ -22,11 +24,16 @@ BUILDS = {"fp16": ("fp16", {}), "int4": ("int4", {}), "int4-r": ("int4", {"fp16_
           "int4-h8": ("int4", {"lm_head": "int8"})}
 
 
-@pytest.fixture(scope="module", params=list(BUILDS))
-def pair(request, smollm2_artifacts):
-    quant, extra = BUILDS[request.param]
-    path = smollm2_artifacts(quant, **extra)
-    return request.param, Runner(path, device="cuda"), Runner(path, device="cpu")
+# (model, build): every SmolLM2 build, and Gemma-3-270M's fp16 and default int4 ones
+PAIRS = [("smollm2", b) for b in BUILDS] + [("gemma3", "fp16"), ("gemma3", "int4")]
+
+
+@pytest.fixture(scope="module", params=PAIRS, ids=[f"{m}-{b}" for m, b in PAIRS])
+def pair(request):
+    model, name = request.param
+    quant, extra = BUILDS[name]
+    path = request.getfixturevalue(f"{model}_artifacts")(quant, **extra)
+    return name, Runner(path, device="cuda"), Runner(path, device="cpu")
 
 
 def test_prefill_logits_every_bucket(pair):
