@@ -3,13 +3,15 @@
 # one GPU: nvcc and the test processes overlap), every part's log under $OUT/gpu-suite.log.
 #   scripts/device_verify.sh                  the whole suite but the SmolLM2 end-to-end file
 #   scripts/device_verify.sh PART [PART ...]  parts of your own, each one quoted pytest argument list
-# Carry .carry/whl; add .carry/gguf_a to stage the SmolLM2 GGUF's first half for `scripts/device_e2e.sh run`.
-# A part that outlives TEST_TIMEOUT (default 480 s) is killed; its log says how far it came.
+# Carry .carry/whl; add a .carry/e2e_* chunk to stage it for `scripts/device_e2e.sh run`.
+# A part that outlives TEST_TIMEOUT (default 480 s) is killed; its log says how far it came. Each part's
+# torch and numpy take an equal share of the cores (PART_THREADS, default cores / parts): six
+# SmolLM2 builds of 16 threads each on 16 cores printed nothing in 300 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-[[ -f .carry/gguf_a/gg_00 ]] && scripts/device_e2e.sh stage
+compgen -G ".carry/e2e_*/chunk" > /dev/null && scripts/device_e2e.sh stage
 . scripts/device_env.sh
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
   python3 -c 'import torch, sys; print(sys.version, torch.__version__, torch.cuda.get_device_name())'; } > "$OUT/env.txt" 2>&1
@@ -25,6 +27,8 @@ parts=("$@")
   "$G/test_gpu_executor.py $G/test_gpu_embeddings.py $G/test_gpu_mlp_decode.py $G/test_gpu_deterministic.py $G/test_bench_tools.py"
 )
 logs=$(mktemp -d)
+threads=${PART_THREADS:-$(( $(nproc) / ${#parts[@]} ))}
+export OMP_NUM_THREADS=$(( threads > 0 ? threads : 1 ))
 for i in "${!parts[@]}"; do
   echo "# ${parts[$i]}" > "$logs/$i.log"
   # shellcheck disable=SC2086  # each part is a list of pytest arguments

@@ -103,26 +103,37 @@ def smollm2_loaded(smollm2_gguf: Path):
     return load_model(smollm2_gguf)
 
 
-@pytest.fixture(scope="session")
-def smollm2_artifacts(tmp_path_factory, smollm2_gguf):
-    """Factory: ``smollm2_artifacts("fp16")`` -> path of that build for sm90 (built on first request)."""
+def _artifact_builds(root: Path, gguf: Path):
+    """Factory over one GGUF: ``get("fp16")`` -> path of that build for sm90 (batch 4, buckets 128 and
+    512, max_seq 1024, cheap calibration; built on first request)."""
     from grokc.compiler.build import BuildOptions, build
     from grokc.compiler.calibrate import CalibrationOptions
 
     cheap = CalibrationOptions(samples=4, tokens=256, sequential=False)   # calibrated recipes: tests, not quality
-    root = tmp_path_factory.mktemp("smollm2")
     built = {}
 
     def get(quant: str, group_size: int | None = None, archs: tuple[str, ...] = ("sm90",), **extra):
         key = "-".join([f"{quant}-g{group_size}", *archs, *(f"{k}{v}" for k, v in sorted(extra.items()))])
         if key not in built:
-            build(smollm2_gguf, root / key, BuildOptions(quant=quant, group_size=group_size, archs=archs,
-                                                         batch=4, buckets=(128, 512), max_seq=1024,
-                                                         calibration=cheap, **extra))
+            build(gguf, root / key, BuildOptions(quant=quant, group_size=group_size, archs=archs,
+                                                 batch=4, buckets=(128, 512), max_seq=1024,
+                                                 calibration=cheap, **extra))
             built[key] = root / key
         return built[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def smollm2_artifacts(tmp_path_factory, smollm2_gguf):
+    """Factory: ``smollm2_artifacts("fp16")`` -> path of that SmolLM2 build (``_artifact_builds``)."""
+    return _artifact_builds(tmp_path_factory.mktemp("smollm2"), smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def gemma3_artifacts(tmp_path_factory, gemma3_gguf):
+    """Factory: ``gemma3_artifacts("int4")`` -> path of that Gemma-3-270M build (``_artifact_builds``)."""
+    return _artifact_builds(tmp_path_factory.mktemp("gemma3"), gemma3_gguf)
 
 
 @pytest.fixture(scope="session", autouse=True)

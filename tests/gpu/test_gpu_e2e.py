@@ -1,13 +1,17 @@
-"""The last rung of the ladder on the GPU: SmolLM2-135M through CUDA graphs vs the CPU executor.
+"""The last rung of the ladder on the GPU: the real test models (SmolLM2-135M, and Gemma-3-270M:
+head_dim 256, sliding windows, q/k norms, GeGLU, the residual rescaling) through CUDA graphs vs
+the CPU executor.
 
 Both executors run the same plan; the GPU kernels round differently (half2 math in the int4
-GEMV, f16 tensor-core operands in prefill), so logits must agree to 3e-2 of their RMS (max over every position and vocabulary entry) and the
-greedy tokens must be identical (fp16) or part only at a near-tie of the CPU's logits (int4).
+GEMV, f16 tensor-core operands in prefill), so logits must agree to 3e-2 of their RMS (max over
+every position and vocabulary entry), or, for a model that amplifies rounding, to three times its
+own spread under half-ulp weight noise on the CPU (``plan_compare.assert_close``), and the greedy
+tokens must be identical (fp16) or part only at a near-tie of the CPU's logits (int4).
 """
 
 import numpy as np
 import pytest
-from plan_compare import TOL, prefill_logits, rel_err
+from plan_compare import TOL, assert_close, prefill_logits, rel_err
 
 from grokc.core.errors import TargetError
 from grokc.runner import Runner, SamplingParams
@@ -22,11 +26,16 @@ BUILDS = {"fp16": ("fp16", {}), "int4": ("int4", {}), "int4-r": ("int4", {"fp16_
           "int4-h8": ("int4", {"lm_head": "int8"})}
 
 
-@pytest.fixture(scope="module", params=list(BUILDS))
-def pair(request, smollm2_artifacts):
-    quant, extra = BUILDS[request.param]
-    path = smollm2_artifacts(quant, **extra)
-    return request.param, Runner(path, device="cuda"), Runner(path, device="cpu")
+# (model, build): every SmolLM2 build, and Gemma-3-270M's fp16 and default int4 ones
+PAIRS = [("smollm2", b) for b in BUILDS] + [("gemma3", "fp16"), ("gemma3", "int4")]
+
+
+@pytest.fixture(scope="module", params=PAIRS, ids=[f"{m}-{b}" for m, b in PAIRS])
+def pair(request):
+    model, name = request.param
+    quant, extra = BUILDS[name]
+    path = request.getfixturevalue(f"{model}_artifacts")(quant, **extra)
+    return name, Runner(path, device="cuda"), Runner(path, device="cpu")
 
 
 def test_prefill_logits_every_bucket(pair):
@@ -35,15 +44,16 @@ def test_prefill_logits_every_bucket(pair):
     for bucket in gpu.engine.shapes.buckets:
         for n in (5, bucket):   # a short prompt, and one filling the bucket
             ids = [int(t) for t in rng.integers(20, 49000, n)]
-            assert rel_err(prefill_logits(gpu, ids, bucket), prefill_logits(cpu, ids, bucket)) < TOL
+            assert_close(prefill_logits(gpu, ids, bucket), prefill_logits(cpu, ids, bucket), cpu,
+                         lambda r: prefill_logits(r, ids, bucket))
 
 
 def test_decode_logits_teacher_forced(pair):
     _, gpu, cpu = pair
     rng = np.random.default_rng(1)
     seqs = [[int(t) for t in rng.integers(20, 49000, n)] for n in (40, 23, 33, 17, 9)]   # 5 > batch
-    for g, c in zip(gpu.engine.score(seqs), cpu.engine.score(seqs)):
-        assert rel_err(g, c) < TOL
+    for i, (g, c) in enumerate(zip(gpu.engine.score(seqs), cpu.engine.score(seqs))):
+        assert_close(g, c, cpu, lambda r: r.engine.score([seqs[i]])[0])
 
 
 def test_greedy_32_tokens_match_cpu(pair):
