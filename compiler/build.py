@@ -45,6 +45,7 @@ from grokc.core.ir import Module, WeightFormat
 from grokc.passes.static_shapes import StaticShapes
 from grokc.quant.recipe import QUANT, QuantRecipe
 from grokc.targets import Target, build_kernels, get_target
+from grokc.targets.rules_tvm import KERNELS_CHOICES
 
 Progress = Callable[[str], None]
 
@@ -63,6 +64,7 @@ class BuildOptions:
     max_seq: int = 2048
     kv_blocks: int = 0
     deterministic: bool = False       # replay-deterministic, batch-invariant decode (one decode graph, no atomics)
+    kernels: str = "auto"             # "auto": the rule lists' measured order; "tvm": Apache TVM's kernels first (rules_tvm)
     check_ir: bool = False
     synthetic_seed: int | None = None  # set: MODEL is a config; weights are seeded and filled at load
     calibration: CalibrationOptions = CalibrationOptions()  # read by calibrated recipes only
@@ -85,6 +87,8 @@ class BuildOptions:
             raise BuildOptionError(f"--max-ppl-increase {self.max_ppl_increase:.1%} must not be negative")
         if self.max_memory <= 0:
             raise BuildOptionError(f"--max-memory {self.max_memory} must be a positive size such as 64GiB")
+        if self.kernels not in KERNELS_CHOICES:
+            raise BuildOptionError(f"unknown --kernels '{self.kernels}'; choose one of: {', '.join(KERNELS_CHOICES)}")
         if self.eval_texts and not self.quality_tokens:
             raise BuildOptionError("--eval-text is read by the quality report; set --quality-tokens above 0")
 
@@ -104,8 +108,10 @@ class BuildOptions:
 
     @property
     def targets(self) -> list[Target]:
-        """The ``--arch`` targets, constrained to deterministic kernels in a deterministic build."""
-        return [replace(get_target(a), deterministic=self.deterministic) for a in dict.fromkeys(self.archs)]
+        """The ``--arch`` targets, constrained to deterministic kernels in a deterministic build, with the
+        ``--kernels`` preference."""
+        return [replace(get_target(a), deterministic=self.deterministic, kernels=self.kernels)
+                for a in dict.fromkeys(self.archs)]
 
 
 # --lm-head and --embeddings: the formats either may take

@@ -61,7 +61,8 @@ def _launch(module: Module, g: Graph, mem: MemoryPlan, n: Node, target: Target) 
             args.append(Arg(p.name, weight=src))
         else:
             args.append(Arg(p.name, buffer=mem.placement(g.name, src).buffer))
-    choice = select(KernelCall(op, attrs, dims), target)
+    nulls = frozenset(p.name for p in KERNEL_ABI[op] if p.optional and refs.get(p.name) is None)
+    choice = select(KernelCall(op, attrs, dims, nulls), target)
     return Launch(op, choice.kernel, choice.grid, choice.block, choice.smem, tuple(args), attrs, n.name, choice.rule,
                   choice.pdl)
 

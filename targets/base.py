@@ -39,6 +39,9 @@ class Target:
     # a deterministic build's constraint on the rules: only kernels whose results do not depend on
     # the order blocks or warps finish in (no atomics, no split-K sums added in any order)
     deterministic: bool = False
+    # where Apache TVM's kernels come first (rules_tvm): "auto", the rule lists' measured order, or
+    # "tvm", wherever one covers the call (``grokc build --kernels tvm``)
+    kernels: str = "auto"
 
     @property
     def nvcc_arch(self) -> str:
@@ -55,6 +58,9 @@ class KernelCall:
     op: str
     attrs: dict[str, str] = field(default_factory=dict)
     dims: dict[str, int | float] = field(default_factory=dict)
+    # the optional pointer parameters the launch passes as null; a rule whose kernel cannot take one
+    # of the others must treat it as given (lowering fills this in)
+    nulls: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,9 @@ f32 inputs (kernel_abi's ``x_dtype`` / ``residual_dtype``; the batch-1 decode gr
 ``passes/fuse_decode_mlp.py``) are read by gemv2, rows and ref, whose symbols then end in ``_<io>``:
 ``x32``, ``r32`` or ``x32r32``; the gemv and gemm families take f16 inputs only.
 
+Ahead of them all, ``rules_tvm.rule_tvm``: Apache TVM's dlight kernels, only where the build asks for
+them (``--kernels tvm``) or ``rules_tvm.AUTO_TVM`` lists the arch (none yet).
+
 Module protocol (shared with ``rules_attention`` and ``rules_misc``): ``RULES``, ``HEADERS``
 (files under ``targets/kernels/`` the sources need) and ``kernel_source(symbol)``.
 """
@@ -36,6 +39,7 @@ import re
 from dataclasses import dataclass
 
 from grokc.targets.base import Feature, KernelCall, KernelChoice, Target
+from grokc.targets.rules_tvm import rule_tvm
 
 HEADERS: tuple[str, ...] = (
     "common.cuh", "pdl.cuh", "linear_common.cuh", "linear_gemv2.cuh", "linear_gemv.cuh", "linear_gemm.cuh",
@@ -527,4 +531,5 @@ def rule_rows(call: KernelCall, target: Target) -> KernelChoice | None:
                         pdl=target.has(Feature.PDL))
 
 
-RULES = {"linear": [rule_rows, rule_gemv2, rule_gemv, rule_gemm, rule_ref]}
+# rule_tvm answers only where the build asks for TVM's kernels or AUTO_TVM says they won (rules_tvm)
+RULES = {"linear": [rule_tvm, rule_rows, rule_gemv2, rule_gemv, rule_gemm, rule_ref]}

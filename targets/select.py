@@ -33,11 +33,13 @@ from grokc.targets import (
     rules_moe,
     rules_sparse,
     rules_synthetic,
+    rules_tvm,
 )
 from grokc.targets.base import KernelCall, KernelChoice, KernelRule, Target
 
+# rules_tvm last: its header (TVM's prelude, which defines ``uint``) comes after everyone else's
 MODULES: tuple[ModuleType, ...] = (rules_linear, rules_attention, rules_misc, rules_mlp, rules_sparse, rules_synthetic,
-                                   rules_moe)
+                                   rules_moe, rules_tvm)
 
 
 def _assemble() -> dict[str, list[KernelRule]]:
@@ -74,4 +76,4 @@ def owner(symbol: str) -> tuple[ModuleType, str]:
         src = mod.kernel_source(symbol)
         if src is not None:
             return mod, src
-    raise TargetError(f"unknown kernel symbol '{symbol}'; no rule module (linear, attention, misc, sparse, synthetic, moe) defines it")
+    raise TargetError(f"unknown kernel symbol '{symbol}'; no rule module (linear, attention, misc, sparse, synthetic, moe, tvm) defines it")
