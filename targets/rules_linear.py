@@ -13,8 +13,8 @@ gemv2 family, the first):
   block tile ``BM x BN``, ``WM x WN`` warps, ``ST`` cp.async stages.
 - ``wgmma`` (sm_90a, ``Feature.WGMMA``; tried before ``gemm``): prefill, ``M >= WGMMA_MIN_M``, f16
   and per-channel int4 weights (``kernels/linear_wgmma.cuh``): warpgroup MMA from 128-byte-swizzled
-  shared memory, int4 converted to f16 there. Symbol ``linear_wgmma_<wf>_<act>_<out>_m<BM>n<BN>s<ST>``:
-  ``BM / 64`` warpgroups, ``BN`` weight rows, ``ST`` cp.async stages. Every act, out dtype, norm,
+  shared memory, int4 converted to f16 there by a producer warpgroup. Symbol ``linear_wgmma_<wf>_<act>_<out>_m<BM>n<BN>s<ST>``:
+  ``BM / 64`` consumer warpgroups, ``BN`` weight rows, ``ST`` cp.async stages. Every act, out dtype, norm,
   zeros, residual, addend and bias; grouped int4, int8 and f32 inputs stay with ``gemm`` / ``ref``.
 - ``ref``: anything else (odd K, odd group size). One thread per output, fp32
   (``kernels/linear_ref.cuh``). Symbol ``linear_ref_<wf>_<act>_<out>``.
@@ -241,7 +241,7 @@ class Wgmma:
 
     @property
     def threads(self) -> int:
-        return 2 * self.bm  # 128 threads per 64 rows
+        return 2 * self.bm + 128  # a consumer warpgroup per 64 rows, one producer warpgroup
 
     def valid(self) -> bool:
         return self.bm in (64, 128) and self.bn in (128, 256) and 3 <= self.stages <= 8 and self.wf in WGMMA_FORMATS
@@ -254,7 +254,7 @@ class Wgmma:
         """Dynamic shared memory, exactly as linear_wgmma.cuh lays it out (1024 of it for alignment)."""
         w_raw = self.bn * 128 if self.wf == "f16" else self.bn * 32
         conv = 2 * self.bn * 128 if self.wf == "q4" else 0
-        return 1024 + self.stages * (self.bm * 128 + w_raw + 128) + conv + self.bm * 4
+        return 1024 + self.stages * (self.bm * 128 + w_raw + 128 + 24) + conv + self.bm * 4
 
     def source(self) -> str:
         return (f'extern "C" __global__ void {_bounds(self.threads, 1)} {self.symbol}(GROKC_LINEAR_PARAMS) '
