@@ -30,6 +30,11 @@
 // producer 120. Dynamic shared memory (rules_linear.Wgmma.smem computes the same):
 //   1024 (alignment) + STAGES * (BM*128 + (f16 ? BN*128 : BN*32) + 128 + 24) + (q4 ? 2*BN*128 : 0) + BM*4.
 //
+// Measured (H200, bench/kernels_linear.py --sections prefill): 135-417 TFLOP/s, 0.24-0.63x of
+// torch's fp16 F.linear on the Llama-3.2-1B / Llama-3-8B projections at M = 512..4096, about the
+// same as a first version without warp specialisation (all threads copying, converting and issuing
+// between __syncthreads): the limit is elsewhere (not yet found; issue 26 item 3).
+//
 // Formats: F16 (K % 8 == 0) and Q4 per channel (K % 32 == 0); grouped int4 and int8 stay with
 // linear_gemm / linear_ref (checked by the rule).
 #pragma once
