@@ -23,7 +23,7 @@ Sections, run in the order given (the default order puts what matters first; a t
 - ``prefill``: every projection of the Llama-3.2-1B and Llama-3-8B shapes at M = 512, 1024, 2048,
   4096, the rule's kernel against torch's fp16 ``F.linear`` (``x torch`` > 1: grokc is faster);
 - ``gemv``: the gemv family's tilings at M = 1; ``gemv_m``: M = 4 and 16 (and the GEMM's small
-  tiles at 16); ``gemm``: prefill GEMMs, every tile config; ``smol``: SmolLM2's calls, the rule's.
+  tiles at 16); ``gemm``: prefill GEMMs, every tile config of the gemm and wgmma families; ``smol``: SmolLM2's calls, the rule's.
 
 Each section runs in a child process: a kernel that faults is recorded under ``failures`` and the
 section resumes after it. Timing: ``kernel_timing.Timer`` (a chain of launches over weight copies
@@ -67,6 +67,7 @@ from linear_cases import (
     rule,
     rule_pdl,
     variant,
+    wgmma_variants,
 )
 
 from grokc.runner import cuda_driver as cd
@@ -112,7 +113,8 @@ def make_plan(full_sweep: bool) -> list[tuple[str, Shape, list[str], list[str]]]
     for s in PREFILL_SHAPES:
         plan.append(("prefill", s, [rule(s)], []))
     for s in GEMM_SHAPES:
-        plan.append(("gemm", s, [rule(s)] + [v.symbol for v in gemm_variants(s) if v.symbol != rule(s)], []))
+        sweep = [v.symbol for v in wgmma_variants(s) + gemm_variants(s)]
+        plan.append(("gemm", s, [rule(s)] + [sym for sym in sweep if sym != rule(s)], []))
     return plan
 
 

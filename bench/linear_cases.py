@@ -1,5 +1,5 @@
 """The workloads of ``bench/kernels_linear.py``: the ``linear`` calls of the Llama-3.2-1B and
-SmolLM2-135M decode steps, a few prefill GEMMs and the two shapes' prefill projections, the kernel variants swept for each, and their
+SmolLM2-135M decode steps, a few prefill GEMMs and the two shapes' prefill projections, the kernel variants swept for each (for the prefill GEMMs, the gemm and wgmma families' tiles), and their
 random inputs on the host and on the device (weights in enough copies to defeat L2).
 
 Whether those kernels compute the right thing is ``tests/gpu/test_kernels_linear.py``'s job: every
@@ -17,7 +17,7 @@ from kernel_timing import ROTATE_BYTES, Uploads
 from grokc.abi import int4
 from grokc.abi.ops import KERNEL_ABI
 from grokc.targets import KernelCall, get_target, select
-from grokc.targets.rules_linear import Gemm, Gemv, Gemv2, Rows, parse, rule_gemv
+from grokc.targets.rules_linear import WGMMA_FORMATS, Gemm, Gemv, Gemv2, Rows, Wgmma, parse, rule_gemv
 
 F16, F32 = np.float16, np.float32
 TARGET = get_target("sm90")
@@ -106,7 +106,7 @@ GEMM_TILINGS = [(128, 128, 2, 4, 3, 0), (128, 128, 2, 4, 4, 0), (128, 128, 2, 4,
 DECODE_ALTS = {"p2": {"pf": 2}, "n1": {"nl": 1}, "p2n1": {"pf": 2, "nl": 1}, "p0": {"pf": 0}}
 
 
-def variant(sym: str) -> Gemv | Gemv2 | Rows | Gemm:
+def variant(sym: str) -> Gemv | Gemv2 | Rows | Gemm | Wgmma:
     v = parse(sym)
     if v is None:
         raise ValueError(sym)
@@ -145,6 +145,15 @@ def gemm_variants(s: Shape) -> list[Gemm]:
     act = "silu" if s.act == "silu_mul" else "none"
     vs = [Gemm(s.kernel_wf(), act, s.out, *t) for t in GEMM_TILINGS]
     return [v for v in vs if v.valid() and v.smem() <= TARGET.smem_per_block]
+
+
+def wgmma_variants(s: Shape) -> list[Wgmma]:
+    """The wgmma tiles (BM, BN) at 4 and 6 stages (those that fit), for the formats it reads."""
+    if s.kernel_wf() not in WGMMA_FORMATS:
+        return []
+    act = "silu" if s.act == "silu_mul" else "none"
+    vs = [Wgmma(s.kernel_wf(), act, s.out, bm, bn, st) for bm, bn in ((128, 256), (128, 128), (64, 128)) for st in (4, 6)]
+    return [v for v in vs if v.smem() <= TARGET.smem_per_block]
 
 
 def gemv2_variants(s: Shape) -> list[Gemv2]:

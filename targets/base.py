@@ -26,6 +26,7 @@ class Feature(enum.Enum):
     CLUSTERS = "thread-block clusters and distributed shared memory"             # sm_90+
     BULK_COPY = "cp.async.bulk global->shared copies completing on an mbarrier"   # sm_90+
     VECTOR_RED = "red.global.add.v4.f32 vector reductions"                        # sm_90+
+    WGMMA = "warpgroup MMA (wgmma.mma_async) from shared-memory descriptors"     # sm_90a only
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,13 @@ class Target:
     # where Apache TVM's kernels come first (rules_tvm): "auto", the rule lists' measured order, or
     # "tvm", wherever one covers the call (``grokc build --kernels tvm``)
     kernels: str = "auto"
+    # compile for the arch-specific variant (sm_90a): its instructions (wgmma) run on that SM
+    # version alone, so such a target cannot also carry PTX for newer GPUs
+    arch_specific: bool = False
 
     @property
     def nvcc_arch(self) -> str:
-        return f"sm_{self.sm}"
+        return f"sm_{self.sm}{'a' if self.arch_specific else ''}"
 
     def has(self, feature: Feature) -> bool:
         return feature in self.features

@@ -1,6 +1,6 @@
 """Kernel rules for the ``linear`` op, and the kernel variants they name.
 
-Four kernel families, tried in this order (``RULES["linear"]``; docs/kernels-linear.md has the
+Five kernel families, tried in this order (``RULES["linear"]``; docs/kernels-linear.md has the
 gemv2 family, the first):
 
 - ``gemv``: few rows of x (decode, ``M <= 16``). Streams the weight once at full bandwidth, int4
@@ -11,6 +11,11 @@ gemv2 family, the first):
 - ``gemm``: many rows (prefill). Tensor-core GEMM with cp.async stages
   (``kernels/linear_gemm.cuh``). Symbol ``linear_gemm_<wf>_<act>_<out>_m<BM>n<BN>w<WM>x<WN>s<ST>b<B>``:
   block tile ``BM x BN``, ``WM x WN`` warps, ``ST`` cp.async stages.
+- ``wgmma`` (sm_90a, ``Feature.WGMMA``; tried before ``gemm``): prefill, ``M >= WGMMA_MIN_M``, f16
+  and per-channel int4 weights (``kernels/linear_wgmma.cuh``): warpgroup MMA from 128-byte-swizzled
+  shared memory, int4 converted to f16 there by a producer warpgroup. Symbol ``linear_wgmma_<wf>_<act>_<out>_m<BM>n<BN>s<ST>``:
+  ``BM / 64`` consumer warpgroups, ``BN`` weight rows, ``ST`` cp.async stages. Every act, out dtype, norm,
+  zeros, residual, addend and bias; grouped int4, int8 and f32 inputs stay with ``gemm`` / ``ref``.
 - ``ref``: anything else (odd K, odd group size). One thread per output, fp32
   (``kernels/linear_ref.cuh``). Symbol ``linear_ref_<wf>_<act>_<out>``.
 
@@ -43,19 +48,21 @@ from grokc.targets.rules_tvm import rule_tvm
 
 HEADERS: tuple[str, ...] = (
     "common.cuh", "pdl.cuh", "linear_common.cuh", "linear_gemv2.cuh", "linear_gemv.cuh", "linear_gemm.cuh",
-    "linear_ref.cuh", "linear_rows.cuh",
+    "linear_wgmma.cuh", "linear_ref.cuh", "linear_rows.cuh",
 )
 
 GEMV_MAX_M = 16
 GEMV2_MAX_M = 8            # gemv2::MAXM in linear_gemv2.cuh: the batch is the MMA's n = 8
 GEMV_X_BUDGET = 64 * 1024  # bytes of staged x per block; gemv::X_BUDGET in linear_gemv.cuh
 GEMM_BK = 64               # gemm::BK in linear_gemm.cuh
+WGMMA_MIN_M = 64           # rows of x from which sm_90a runs the wgmma family (one warpgroup's tile)
 REF_THREADS = 128          # ref::THREADS in linear_ref.cuh
 
 _WF_CPP = {"f16": "F16", "q4": "Q4", "q4g": "Q4G", "q8": "Q8"}
 # The weight formats (symbol ``wf``) each family implements.
 GEMV2_FORMATS = ("f16", "q4", "q4g", "q8")
 GEMV_FORMATS = GEMM_FORMATS = ("f16", "q4", "q4g")
+WGMMA_FORMATS = ("f16", "q4")
 REF_FORMATS = ("f16", "q4", "q8")   # any group size: the kernel reads the group from group_size
 _ACT_CPP = {"none": "NONE", "silu": "SILU_MUL", "gelu": "GELU_MUL"}
 ACT_SYMBOL = {"none": "none", "silu_mul": "silu", "gelu_tanh_mul": "gelu"}
@@ -224,6 +231,42 @@ class Gemm:
 
 
 @dataclass(frozen=True)
+class Wgmma:
+    wf: str
+    act: str
+    out: str
+    bm: int      # rows of x per block: 64 per warpgroup
+    bn: int      # weight rows per block (gate and up halves when gated): 128 per wgmma
+    stages: int  # cp.async stages, STAGES - 2 tiles in flight
+
+    @property
+    def symbol(self) -> str:
+        return f"linear_wgmma_{self.wf}_{self.act}_{self.out}_m{self.bm}n{self.bn}s{self.stages}"
+
+    @property
+    def threads(self) -> int:
+        return 2 * self.bm + 128  # a consumer warpgroup per 64 rows, one producer warpgroup
+
+    def valid(self) -> bool:
+        return self.bm in (64, 128) and self.bn in (128, 256) and 3 <= self.stages <= 8 and self.wf in WGMMA_FORMATS
+
+    def grid(self, m: int, n: int) -> tuple[int, int, int]:
+        cols = self.bn // 2 if self.act != "none" else self.bn
+        return (-(-n // cols), -(-m // self.bm), 1)
+
+    def smem(self) -> int:
+        """Dynamic shared memory, exactly as linear_wgmma.cuh lays it out (1024 of it for alignment)."""
+        w_raw = self.bn * 128 if self.wf == "f16" else self.bn * 32
+        conv = 2 * self.bn * 128 if self.wf == "q4" else 0
+        return 1024 + self.stages * (self.bm * 128 + w_raw + 128 + 24) + conv + self.bm * 4
+
+    def source(self) -> str:
+        return (f'extern "C" __global__ void {_bounds(self.threads, 1)} {self.symbol}(GROKC_LINEAR_PARAMS) '
+                f"{{ grokc::wgmma::linear_wgmma<{_cpp_common(self.wf, self.act, self.out)}, {self.bm // 64}, "
+                f"{self.bn}, {self.stages}>(GROKC_LINEAR_ARGS); }}\n")
+
+
+@dataclass(frozen=True)
 class Ref:
     wf: str  # "f16", "q4" or "q8" (any group size)
     act: str
@@ -280,11 +323,12 @@ _GEMV2_RE = re.compile(
     rf"linear_gemv2_{_COMMON}_r(?P<r>\d+)k(?P<ks>\d+)w(?P<wn>\d+)d(?P<d>\d+)p(?P<pf>\d+)n(?P<nl>\d+)b(?P<b>\d+)(?:t(?P<tr>\d))?{_IO_RE}")
 _GEMM_RE = re.compile(
     rf"linear_gemm_{_COMMON}_m(?P<bm>\d+)n(?P<bn>\d+)w(?P<wm>\d+)x(?P<wn>\d+)s(?P<st>\d+)b(?P<b>\d+)")
+_WGMMA_RE = re.compile(rf"linear_wgmma_{_COMMON}_m(?P<bm>\d+)n(?P<bn>\d+)s(?P<st>\d+)")
 _REF_RE = re.compile(rf"linear_ref_{_COMMON}{_IO_RE}")
 _ROWS_RE = re.compile(rf"linear_rows_f16_none_(?P<out>f16|f32)_w(?P<w>\d+)u(?P<u>\d+)b(?P<b>\d+)(?:t(?P<tr>\d))?{_IO_RE}")
 
 
-def parse(symbol: str) -> Gemv2 | Gemv | Gemm | Ref | Rows | None:
+def parse(symbol: str) -> Gemv2 | Gemv | Gemm | Wgmma | Ref | Rows | None:
     """The variant a linear kernel symbol names, or None if it is not a valid one."""
     if m := _ROWS_RE.fullmatch(symbol):
         rows = Rows(m["out"], int(m["w"]), int(m["u"]), int(m["b"]), int(m["tr"] or 0), m["io"] or "")
@@ -307,6 +351,9 @@ def parse(symbol: str) -> Gemv2 | Gemv | Gemm | Ref | Rows | None:
                  int(m["b"]))
         ok = v.valid() and v.threads <= 512 and 0 <= v.minb <= 4 and v.wf in GEMM_FORMATS
         return v if ok and v.symbol == symbol else None
+    if m := _WGMMA_RE.fullmatch(symbol):
+        w = Wgmma(m["wf"], m["act"], m["out"], int(m["bm"]), int(m["bn"]), int(m["st"]))
+        return w if w.valid() and w.symbol == symbol else None
     if m := _REF_RE.fullmatch(symbol):
         return Ref(m["wf"], m["act"], m["out"], m["io"] or "") if m["wf"] in REF_FORMATS else None
     return None
@@ -501,6 +548,37 @@ def rule_gemm(call: KernelCall, target: Target) -> KernelChoice | None:
     return KernelChoice(v.symbol, v.grid(lin.m, lin.n), (v.threads, 1, 1), v.smem(), "linear.gemm")
 
 
+_WGMMA_TILES = ((128, 256), (128, 128), (64, 128))  # (BM, BN), largest first
+
+
+def wgmma_variant(lin: _Linear, target: Target) -> Wgmma | None:
+    """The largest tile that still gives every SM a block (else the smallest), with as many stages as
+    fit (<= 6); None when not even 3 stages of the smallest fit."""
+    best = None
+    for bm, bn in _WGMMA_TILES:
+        v = next((Wgmma(lin.wf, lin.act, lin.out, bm, bn, st) for st in range(6, 2, -1)
+                  if Wgmma(lin.wf, lin.act, lin.out, bm, bn, st).smem() <= target.smem_per_block), None)
+        if v is None:
+            continue
+        best = v
+        gx, gy, _ = v.grid(lin.m, lin.n)
+        if gx * gy >= target.num_sms:
+            break
+    return best
+
+
+def rule_wgmma(call: KernelCall, target: Target) -> KernelChoice | None:
+    """Prefill on sm_90a: f16 or per-channel int4 weights, f16 inputs, ``M >= WGMMA_MIN_M``."""
+    if call.op != "linear" or not target.has(Feature.WGMMA) or (lin := _linear(call)) is None:
+        return None
+    if lin.m < WGMMA_MIN_M or not lin.fast_ok or lin.wf not in WGMMA_FORMATS or lin.io:
+        return None
+    v = wgmma_variant(lin, target)
+    if v is None:
+        return None
+    return KernelChoice(v.symbol, v.grid(lin.m, lin.n), (v.threads, 1, 1), v.smem(), "linear.wgmma")
+
+
 def rule_ref(call: KernelCall, target: Target) -> KernelChoice | None:
     """Fallback: every valid linear call."""
     if call.op != "linear" or (lin := _linear(call)) is None:
@@ -532,4 +610,4 @@ def rule_rows(call: KernelCall, target: Target) -> KernelChoice | None:
 
 
 # rule_tvm answers only where the build asks for TVM's kernels or AUTO_TVM says they won (rules_tvm)
-RULES = {"linear": [rule_tvm, rule_rows, rule_gemv2, rule_gemv, rule_gemm, rule_ref]}
+RULES = {"linear": [rule_tvm, rule_rows, rule_gemv2, rule_gemv, rule_wgmma, rule_gemm, rule_ref]}

@@ -14,7 +14,8 @@ zero-points here, as the quantize pass stores them, so (code - 128) - (zero - 12
 and its zeros cost nothing: 2e-3 with and without. Also ``max |got - want| <= 20 * tol *
 rms(want)``, so a few badly wrong elements cannot hide in the norm.
 
-Covered: every family (linear_rows for batch-1 f16 heads, gemv2 M <= 8, gemv M <= 16, gemm, the fp32 fallback), f16 / int4 per-channel / with
+Covered: every family (linear_rows for batch-1 f16 heads, gemv2 M <= 8, gemv M <= 16, gemm, wgmma on
+sm_90a from M = 64, the fp32 fallback), f16 / int4 per-channel / with
 zeros / groups of 32 and 128, int8 per channel with and without zeros (gemv2 at M <= 8, the fallback
 past it and for groups of 64), none / silu_mul / gelu_tanh_mul, f16 / f32 out, with and without
 norm, residual, ``addend`` (the sparse residual's f32 product, added before the activation) and
@@ -22,7 +23,9 @@ norm, residual, ``addend`` (the sparse residual's f32 product, added before the 
 ``out`` aliasing ``residual``, odd shapes (K = 576, N not a multiple of any tile, M = 1, 3, 8, 16,
 17, 100, 130, multi-slab staging at M = 16, K = 8192), and each GEMV / GEMM tiling the bench
 sweeps; gemv2 tilings at every M = 1..8, with K tails (K = 576, 40) and partial row groups; the
-rule's kernel for every decode call of Llama-3.2-1B and SmolLM2-135M at M = 1, 2, 4, 8.
+rule's kernel for every decode call of Llama-3.2-1B and SmolLM2-135M at M = 1, 2, 4, 8; each wgmma
+tiling on odd shapes, and the rule's (wgmma) kernel for the prefill projections of Llama-3.2-1B and
+Llama-3-8B.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from grokc.abi import int4
 from grokc.abi.ops import KERNEL_ABI
 from grokc.runner.cpu import OPS
 from grokc.targets import KernelCall, build_kernels, get_target, rules_linear, select
+from grokc.targets.base import Feature
 
 F16, F32 = np.float16, np.float32
 
@@ -244,13 +248,49 @@ GEMV_CASES = _gemv_variant_cases()
 GEMV2_CASES = _gemv2_variant_cases()
 GEMM_CASES = _gemm_variant_cases()
 
+# The wgmma family (sm_90a). Its tilings (BM, BN, stages) on odd shapes: M and N not multiples of
+# any tile, K with a partial 64-k tile (1504, 1000, 576 = 9 whole ones), every epilogue input, each
+# format and activation; (M, N, K, format, act, out, norm, residual, addend, bias).
+WGMMA_TILINGS = [(128, 256, 6), (128, 128, 6), (64, 128, 6), (128, 256, 4), (64, 128, 3)]
+WGMMA_ODD = [(100, 1000, 2048, "q4z", "none", "f32", True, True, True, False),
+             (130, 300, 1504, "q4", "gelu_tanh_mul", "f16", False, True, True, True),
+             (777, 600, 1000, "f16", "silu_mul", "f16", True, True, False, False),
+             (64, 72, 576, "f16", "none", "f32", False, False, True, True),
+             (300, 520, 1504, "q4z", "silu_mul", "f16", True, False, False, True)]
+# The prefill projections of Llama-3.2-1B and Llama-3-8B as the plans run them (bench/linear_cases.py's
+# PREFILL_SHAPES at M = 512, down at 1024), each with the rule's kernel: (M, N, K, format, act, out,
+# norm, residual, addend).
+WGMMA_PREFILL = [(512, 3072, 2048, "q4", "none", "f16", True, False, False),
+                 (512, 2048, 2048, "q4", "none", "f16", False, True, False),
+                 (512, 8192, 2048, "q4", "silu_mul", "f16", True, False, False),
+                 (1024, 2048, 8192, "q4", "none", "f16", False, True, False),
+                 (512, 6144, 4096, "q4", "none", "f16", True, False, False),
+                 (512, 14336, 4096, "q4", "silu_mul", "f16", True, False, False),
+                 (512, 4096, 14336, "q4", "none", "f16", False, True, False)]
+
+
+def _wgmma_variant_cases() -> list[tuple]:
+    cases = []
+    for i, (bm, bn, st) in enumerate(WGMMA_TILINGS):
+        for j in (i, i + 1):  # two odd cases per tiling, each case on two tilings
+            m, n, k, fmt, act, out, *rest = WGMMA_ODD[j % len(WGMMA_ODD)]
+            v = rules_linear.Wgmma(kernel_wf(fmt), rules_linear.ACT_SYMBOL[act], out, bm, bn, st)
+            cases.append((v, m, n, k, fmt, act, out, *rest))
+    return cases
+
+
+WGMMA_CASES = _wgmma_variant_cases()
+
 
 
 def _symbols(test: str, param, sm: int) -> set[str]:
     """The kernels one test of this module launches."""
     if test in ("test_selected_kernel", "test_bias_and_gelu"):
         return {choose(*make_case(seeded(param), *param), sm).kernel}
-    if test in ("test_gemv_tilings", "test_gemm_tilings", "test_gemv2_tilings", "test_rows_tilings"):
+    if test == "test_wgmma_prefill":
+        return {choose(*make_case(seeded(param), *param), sm).kernel}
+    if test in ("test_gemv_tilings", "test_gemm_tilings", "test_gemv2_tilings", "test_rows_tilings",
+                "test_wgmma_tilings"):
         return {param[0].symbol}
     if test == "test_out_aliases_residual":
         return {choose(*make_case(seeded(0), param, 64, 2048, "q4", "none", "f16", True, True), sm).kernel}
@@ -340,6 +380,31 @@ def test_gemm_tilings(case, cubins, sm):
         pytest.skip("does not fit this GPU's shared memory")
     got = _run(cubins, v.symbol, v.grid(m, n), (v.threads, 1, 1), v.smem(), args)
     check(got, oracle(args, attrs), TOL[fmt], v.symbol)
+
+
+def _needs_wgmma(sm: int) -> None:
+    if not get_target(f"sm{sm}").has(Feature.WGMMA):
+        pytest.skip("wgmma needs sm_90a")
+
+
+@pytest.mark.parametrize("case", WGMMA_CASES, ids=lambda c: f"{c[0].symbol}-{c[1]}x{c[2]}x{c[3]}")
+def test_wgmma_tilings(case, cubins, sm):
+    _needs_wgmma(sm)
+    v, m, n, k, fmt, act, out, norm, residual, addend, bias = case
+    args, attrs = make_case(seeded(v.symbol, m), m, n, k, fmt, act, out, norm, residual, addend, bias=bias)
+    got = _run(cubins, v.symbol, v.grid(m, n), (v.threads, 1, 1), v.smem(), args)
+    check(got, oracle(args, attrs), TOL[fmt], f"{v.symbol} on {case[1:]}")
+
+
+@pytest.mark.parametrize("case", WGMMA_PREFILL, ids=lambda c: "-".join(map(str, c)))
+def test_wgmma_prefill(case, cubins, sm):
+    """The rule's kernel for the two models' prefill projections is the wgmma family's, and right."""
+    _needs_wgmma(sm)
+    args, attrs = make_case(seeded(case), *case)
+    choice = choose(args, attrs, sm)
+    assert choice.rule == "linear.wgmma", choice
+    got = _run(cubins, choice.kernel, choice.grid, choice.block, choice.smem, args)
+    check(got, oracle(args, attrs), TOL[case[3]], f"{choice.kernel} on {case}")
 
 
 @pytest.mark.parametrize("m", [1, 3, 8, 100])

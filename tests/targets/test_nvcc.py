@@ -29,6 +29,7 @@ REPRESENTATIVE = [
     "linear_gemm_q4_silu_f16_m128n128w2x4s3b0",
     "linear_gemm_q4g_none_f16_m64n128w2x4s3b0",
     "linear_gemm_f16_none_f32_m64n64w2x2s3b0",
+    "linear_wgmma_q4_silu_f16_m128n256s6",       # sm_90a only
     "linear_ref_q4_silu_f16",
     "linear_ref_f16_none_f32",
     "linear_gemv2_q8_none_f32_r2k1w8d3p2n1b0",   # the int8 LM head at M > 4

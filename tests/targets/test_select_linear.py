@@ -57,6 +57,14 @@ def smem_gemm(v) -> int:
     return v.stages * (v.bm * bk * 2 + b_tile + bk * 2) + v.bm * 4
 
 
+def smem_wgmma(v) -> int:
+    x_tile = v.bm * 64 * 2                                    # BK = 64 halves: one 128-byte row per x row
+    w_tile = v.bn * 64 * 2 if v.wf == "f16" else v.bn * 64 // 2
+    conv = 2 * v.bn * 64 * 2 if v.wf == "q4" else 0           # two f16 weight tiles (int4 converted)
+    bars = 3 * 8                                              # mbarriers full, ready, empty per stage
+    return 1024 + v.stages * (x_tile + w_tile + 64 * 2 + bars) + conv + v.bm * 4  # 1024: alignment; rstd [BM]
+
+
 def smem_rows(v, k: int) -> int:
     return (k // 8) * 16 + v.w * 4                            # xs: K/8 chunks of 16 bytes, wsum [W]
 
@@ -84,6 +92,11 @@ def check_launch(c, m: int, n: int, k: int, act: str, target) -> None:
         assert (c.grid[0] - 1) * cols < n <= c.grid[0] * cols
         assert c.smem == smem_gemv(v, m, k) and threads == v.threads
         assert m <= v.mt
+    elif isinstance(v, rules_linear.Wgmma):
+        cols = v.bn // (2 if act == "silu_mul" else 1)
+        assert c.grid[0] * cols >= n > (c.grid[0] - 1) * cols and c.grid[1] * v.bm >= m > (c.grid[1] - 1) * v.bm
+        assert c.grid[2] == 1 and c.smem == smem_wgmma(v) and threads == v.threads == 2 * v.bm + 128
+        assert target.has(Feature.WGMMA) and m >= rules_linear.WGMMA_MIN_M
     elif isinstance(v, rules_linear.Gemm):
         cols = v.bn // (2 if act == "silu_mul" else 1)
         assert c.grid[0] * cols >= n and c.grid[1] * v.bm >= m and c.grid[2] == 1
@@ -99,6 +112,8 @@ def test_model_shapes(arch: str, m: int):
     for k, n, act, wf, out in LLAMA_1B + SMOLLM2:
         c = select(call(m, n, k, act, wf, out), target)
         want = "linear.gemv2" if m <= 8 else "linear.gemv" if m <= 16 else "linear.gemm"
+        if want == "linear.gemm" and target.has(Feature.WGMMA) and m >= rules_linear.WGMMA_MIN_M:
+            want = "linear.wgmma"  # sm_90a prefill
         if m == 1 and wf == "f16" and n >= rules_linear.ROWS_MIN_N:
             want = "linear.rows"  # the batch-1 LM heads
         if want == "linear.gemv2" and (m + 1) * k * 2 > target.smem_per_block:
@@ -130,6 +145,50 @@ def test_rule_order():
     assert select(call(1, 3072, 2048), t).pdl and not select(call(1, 3072, 2048), get_target("sm89")).pdl
     assert not select(call(12, 3072, 2048), t).pdl  # the gemv family has no griddepcontrol
     assert select(call(100, 64, 576, gs=128), t).kernel.startswith("linear_gemm_q4g_")
+    # sm_90a prefill: wgmma from WGMMA_MIN_M rows, for f16 and per-channel int4 with f16 inputs
+    assert select(call(63, 3072, 2048), t).rule == "linear.gemm"
+    assert select(call(64, 3072, 2048), t).rule == "linear.wgmma"
+    assert select(call(512, 3072, 2048, wf="f16"), t).rule == "linear.wgmma"
+    assert select(call(512, 64, 576, gs=576), t).rule == "linear.wgmma"  # one group = per channel
+
+
+def test_wgmma_takes_sm90_prefill_only():
+    """What the wgmma rule covers on sm90, what stays with gemm (and ref), and that no other arch has it."""
+    t = get_target("sm90")
+    assert t.has(Feature.WGMMA) and t.nvcc_arch == "sm_90a"
+    assert all(not x.has(Feature.WGMMA) and not x.nvcc_arch.endswith("a") for x in TARGETS.values() if x.name != "sm90")
+    for act in ("none", "silu_mul", "gelu_tanh_mul"):
+        for wf, out in (("q4", "f16"), ("f16", "f32"), ("q4", "f32")):
+            assert select(call(512, 2048, 2048, act, wf, out), t).rule == "linear.wgmma", (act, wf, out)
+    assert select(call(512, 2048, 2048, gs=128), t).rule == "linear.gemm"          # grouped int4
+    assert select(call(512, 2048, 2048, wf="q8"), t).rule == "linear.ref"          # int8
+    assert select(call(512, 2048, 2000), t).rule == "linear.ref"                    # K % 32 != 0 (int4)
+    assert select(call(512, 2048, 2000, wf="f16"), t).rule == "linear.wgmma"        # f16: K % 8 == 0
+    x32 = KernelCall("linear", {"weight_format": "q4", "act": "none", "out_dtype": "f16", "x_dtype": "f32"},
+                     {"M": 512, "N": 2048, "K": 2048, "group_size": 0, "eps": 1e-5})
+    assert select(x32, t).rule != "linear.wgmma"                                    # f32 inputs
+    for arch in ("sm80", "sm89", "sm100", "sm120"):
+        assert select(call(512, 2048, 2048), get_target(arch)).rule == "linear.gemm"
+
+
+def test_wgmma_tiles():
+    """The largest tile that fills the SMs (else the smallest), as many stages (<= 6) as fit 227 KB."""
+    t = get_target("sm90")
+    want = {  # (M, N, K, act) -> (BM, BN)
+        (4096, 14336, 4096, "silu_mul"): (128, 256), (4096, 4096, 14336, "none"): (128, 256),
+        (512, 6144, 4096, "none"): (128, 128), (512, 2048, 8192, "none"): (64, 128), (64, 64, 576, "none"): (64, 128)}
+    for (m, n, k, act), (bm, bn) in want.items():
+        for wf in ("q4", "f16"):
+            c = select(call(m, n, k, act, wf), t)
+            v = rules_linear.parse(c.kernel)
+            assert (v.bm, v.bn) == (bm, bn), (m, n, k, act, wf, c.kernel)
+            assert c.smem == smem_wgmma(v) <= t.smem_per_block
+            bigger = rules_linear.Wgmma(v.wf, v.act, v.out, v.bm, v.bn, v.stages + 1)
+            assert v.stages == 6 or smem_wgmma(bigger) > t.smem_per_block
+            check_launch(c, m, n, k, act, t)
+    for bm, bn in rules_linear._WGMMA_TILES:  # every tile fits with at least 3 stages
+        for wf in ("q4", "f16"):
+            assert smem_wgmma(rules_linear.Wgmma(wf, "silu", "f32", bm, bn, 3)) <= t.smem_per_block
 
 
 def test_rows_takes_only_batch1_f16_heads():
@@ -153,13 +212,16 @@ def test_symbols_encode_the_variant():
     c = select(call(12, 8192, 2048, "silu_mul", "q4", "f32"), t)
     assert c.kernel.startswith("linear_gemv_q4_silu_f32_")
     c = select(call(512, 2048, 2048, "none", "f16", "f16"), t)
+    assert c.kernel.startswith("linear_wgmma_f16_none_f16_")
+    c = select(call(512, 2048, 2048, "none", "f16", "f16"), get_target("sm80"))
     assert c.kernel.startswith("linear_gemm_f16_none_f16_")
 
 
 def test_parse_round_trip_and_rejects():
     for sym in ["linear_gemv_q4_none_f16_m8k8r1u2b0", "linear_gemm_q4g_silu_f32_m64n128w2x4s3b2",
                 "linear_ref_f16_silu_f16", "linear_gemv2_q4g_silu_f32_r2k4w2d3p2n1b0",
-                "linear_rows_f16_none_f32_w8u8b4", "linear_rows_f16_none_f16_w4u2b2t1"]:
+                "linear_rows_f16_none_f32_w8u8b4", "linear_rows_f16_none_f16_w4u2b2t1",
+                "linear_wgmma_q4_silu_f16_m128n256s6", "linear_wgmma_f16_gelu_f32_m64n128s3"]:
         v = rules_linear.parse(sym)
         assert v is not None and v.symbol == sym
         assert rules_linear.kernel_source(sym).startswith('extern "C" __global__')
@@ -177,7 +239,11 @@ def test_parse_round_trip_and_rejects():
                 "linear_rows_q4_none_f16_w8u8b4",            # f16 weights only
                 "linear_rows_f16_silu_f16_w8u8b4",           # no activation
                 "linear_rows_f16_none_f32_w8u8b0",           # a grid of no blocks per SM
-                "linear_rows_f16_none_f32_w64u8b1"]:         # 2048 threads
+                "linear_rows_f16_none_f32_w64u8b1",          # 2048 threads
+                "linear_wgmma_q4g_none_f16_m128n128s4",      # per-channel int4 and f16 only
+                "linear_wgmma_q4_none_f16_m256n128s4",       # one or two warpgroups
+                "linear_wgmma_q4_none_f16_m128n64s4",        # 128 or 256 weight rows
+                "linear_wgmma_q4_none_f16_m128n128s2"]:      # at least 3 stages
         assert rules_linear.parse(bad) is None, bad
         assert rules_linear.kernel_source(bad) is None
 
