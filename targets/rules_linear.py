@@ -55,7 +55,10 @@ GEMV_MAX_M = 16
 GEMV2_MAX_M = 8            # gemv2::MAXM in linear_gemv2.cuh: the batch is the MMA's n = 8
 GEMV_X_BUDGET = 64 * 1024  # bytes of staged x per block; gemv::X_BUDGET in linear_gemv.cuh
 GEMM_BK = 64               # gemm::BK in linear_gemm.cuh
-WGMMA_MIN_M = 64           # rows of x from which sm_90a runs the wgmma family (one warpgroup's tile)
+# rows of x from which sm_90a runs the wgmma family: on the H200 its prefill graphs took 6.50 / 35.2 ms
+# against linear_gemm's 7.65 / 45.6 at 512 tokens (Llama-1B / 8B shapes), but 3.95 / 15.70 against
+# 3.17 / 15.27 at 128 (bench/results/2026-12-02c-*); its tiles reach 64 rows
+WGMMA_MIN_M = 512
 REF_THREADS = 128          # ref::THREADS in linear_ref.cuh
 
 _WF_CPP = {"f16": "F16", "q4": "Q4", "q4g": "Q4G", "q8": "Q8"}

@@ -146,8 +146,8 @@ def test_rule_order():
     assert not select(call(12, 3072, 2048), t).pdl  # the gemv family has no griddepcontrol
     assert select(call(100, 64, 576, gs=128), t).kernel.startswith("linear_gemm_q4g_")
     # sm_90a prefill: wgmma from WGMMA_MIN_M rows, for f16 and per-channel int4 with f16 inputs
-    assert select(call(63, 3072, 2048), t).rule == "linear.gemm"
-    assert select(call(64, 3072, 2048), t).rule == "linear.wgmma"
+    assert select(call(511, 3072, 2048), t).rule == "linear.gemm"
+    assert select(call(512, 3072, 2048), t).rule == "linear.wgmma"
     assert select(call(512, 3072, 2048, wf="f16"), t).rule == "linear.wgmma"
     assert select(call(512, 64, 576, gs=576), t).rule == "linear.wgmma"  # one group = per channel
 
@@ -176,7 +176,7 @@ def test_wgmma_tiles():
     t = get_target("sm90")
     want = {  # (M, N, K, act) -> (BM, BN)
         (4096, 14336, 4096, "silu_mul"): (128, 256), (4096, 4096, 14336, "none"): (128, 256),
-        (512, 6144, 4096, "none"): (128, 128), (512, 2048, 8192, "none"): (64, 128), (64, 64, 576, "none"): (64, 128)}
+        (512, 6144, 4096, "none"): (128, 128), (512, 2048, 8192, "none"): (64, 128), (512, 64, 576, "none"): (64, 128)}
     for (m, n, k, act), (bm, bn) in want.items():
         for wf in ("q4", "f16"):
             c = select(call(m, n, k, act, wf), t)
