@@ -9,7 +9,7 @@ windows of the shipped mix), and no f16 rounding of norms. The statistics are ca
 
     python bench/probes/quant_sweep.py MODEL.gguf int4 int4-g64 int4+res0.005 [--tokens 2048] [--calib-samples 8]
 
-Prints one JSON line per recipe: per genre (perplexity, increase in %, mean KL) and the worst.
+Prints one JSON line per recipe: per genre (perplexity, increase in %, top-1 agreement, mean KL) and the worst.
 """
 
 from __future__ import annotations
@@ -63,14 +63,15 @@ def main() -> None:
     linears = [k for k in loaded.weights if names.input_key(k) in hess and k != names.LM_HEAD]
     for spec in args.recipes:
         recipe, t1 = recipe_of(spec), time.time()
-        weights = {k: (dequantized_weight(np.asarray(v, np.float32), recipe, hess[names.input_key(k)])
+        weights = {k: (dequantized_weight(np.asarray(v, np.float32), recipe.for_weight(k), hess[names.input_key(k)])
                        if k in linears else v) for k, v in loaded.weights.items()}
         model = reference_model(loaded.config, weights)
         genres = {}
         for t in texts:
             m = combine([position_stats(r, reference_logits(model, w), w) for r, w in zip(ref_logits[t.name], wins[t.name])])
             genres[t.name] = {"ppl_reference": round(m["ppl_reference"], 3), "ppl": round(m["ppl_artifact"], 3),
-                              "increase_pct": round(100 * m["ppl_increase"], 1), "kl": round(m["kl_mean"], 4)}
+                              "increase_pct": round(100 * m["ppl_increase"], 1),
+                              "top1": round(m["top1_agreement"], 3), "kl": round(m["kl_mean"], 4)}
         worst = max(genres, key=lambda g: genres[g]["increase_pct"])
         print(json.dumps({"recipe": spec, "seconds": round(time.time() - t1), "genres": genres,
                           "worst": {"genre": worst, "increase_pct": genres[worst]["increase_pct"]}}), flush=True)
