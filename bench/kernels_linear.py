@@ -20,6 +20,8 @@ Sections, run in the order given (the default order puts what matters first; a t
   head, the rule's kernels, one CUDA graph) against torch fp16 doing the same matmuls; with
   programmatic edges also with each knob of ``linear_cases.DECODE_ALTS`` changed and with each
   shape's fastest gemv2 kernel of the gemv2 section;
+- ``prefill``: every projection of the Llama-3.2-1B and Llama-3-8B shapes at M = 512, 1024, 2048,
+  4096, the rule's kernel against torch's fp16 ``F.linear`` (``x torch`` > 1: grokc is faster);
 - ``gemv``: the gemv family's tilings at M = 1; ``gemv_m``: M = 4 and 16 (and the GEMM's small
   tiles at 16); ``gemm``: prefill GEMMs, every tile config; ``smol``: SmolLM2's calls, the rule's.
 
@@ -49,6 +51,7 @@ from linear_cases import (
     GEMV_TILINGS,
     LINEAR,
     LLAMA_DECODE,
+    PREFILL_SHAPES,
     SMOL_DECODE,
     TARGET,
     DeviceCase,
@@ -69,7 +72,7 @@ from linear_cases import (
 from grokc.runner import cuda_driver as cd
 from grokc.targets import KernelCall, select
 
-SECTIONS = ("gemv2", "decode1", "decode8", "gemv", "gemm", "gemv_m", "decode16", "smol")
+SECTIONS = ("gemv2", "decode1", "decode8", "prefill", "gemv", "gemm", "gemv_m", "decode16", "smol")
 PEAK_TFLOPS = 790.0  # dense bf16 matrix rate measured on this H200 kind
 GEMV2_FOLLOW = {8: 8, 4: 2, 2: 2}  # with --gemv2-sweep-full: fastest M = 1 tilings also timed at larger M
 T0 = time.perf_counter()
@@ -106,6 +109,8 @@ def make_plan(full_sweep: bool) -> list[tuple[str, Shape, list[str], list[str]]]
         plan.append(("gemv_m", s, [rule(s)] + [sym for sym in sweep if sym != rule(s)], []))
     for s in SMOL_DECODE:
         plan.append(("smol", s, [rule(s)], []))
+    for s in PREFILL_SHAPES:
+        plan.append(("prefill", s, [rule(s)], []))
     for s in GEMM_SHAPES:
         plan.append(("gemm", s, [rule(s)] + [v.symbol for v in gemm_variants(s) if v.symbol != rule(s)], []))
     return plan
@@ -435,7 +440,7 @@ def print_table(report: dict) -> None:
         pdl = next((x["us"] for x in group if x.get("pdl") and x["kernel"] == rule_rec["kernel"]), nan)
         best = min(ours, key=lambda x: x["us"])
         t_us = next((x["us"] for x in group if x["kernel"] == "torch_f16_linear"), nan)
-        gemm = key[0] == "gemm"
+        gemm = key[0] in ("gemm", "prefill")
         rate = rule_rec["tflops"] if gemm else rule_rec["gbps"]
         pct = 100 * rate / (PEAK_TFLOPS if gemm else bw)
         print(f"{key[0]:7s} {key[1]:18s} {key[2]:4d} | {rule_rec['kernel'][7:47]:40s} {rule_rec['us']:7.2f} {pdl:7.2f} "

@@ -1,5 +1,5 @@
 """The workloads of ``bench/kernels_linear.py``: the ``linear`` calls of the Llama-3.2-1B and
-SmolLM2-135M decode steps and a few prefill GEMMs, the kernel variants swept for each, and their
+SmolLM2-135M decode steps, a few prefill GEMMs and the two shapes' prefill projections, the kernel variants swept for each, and their
 random inputs on the host and on the device (weights in enough copies to defeat L2).
 
 Whether those kernels compute the right thing is ``tests/gpu/test_kernels_linear.py``'s job: every
@@ -74,6 +74,18 @@ SMOL_DECODE = [
     Shape("smol_gate_up", 1, 1536, 576, act="silu_mul", norm=True),
     Shape("smol_down", 1, 576, 1536, residual=True),
     Shape("smol_lm_head", 1, 49152, 576, wf="f16", out="f32", norm=True),
+]
+# issue 26's prefill comparison: every projection of the Llama-3.2-1B and Llama-3-8B shapes (norms,
+# SiLU-mul and residuals as the plan runs them) at prompt lengths 512 .. 4096, the rule's kernel
+# against torch's fp16 F.linear of the same [M, K] x [K, NW] (no epilogue: a lower bound for torch)
+PREFILL_MS = (512, 1024, 2048, 4096)
+PREFILL_SHAPES = [
+    Shape(f"{model}_{name}", m, n, k, **kw)
+    for model, h, q, kv, inter in (("l1b", 2048, 2048, 512, 8192), ("l8b", 4096, 4096, 1024, 14336))
+    for name, n, k, kw in (("qkv", q + 2 * kv, h, dict(norm=True)), ("o", h, q, dict(residual=True)),
+                           ("gate_up", inter, h, dict(act="silu_mul", norm=True)),
+                           ("down", h, inter, dict(residual=True)))
+    for m in PREFILL_MS
 ]
 GEMM_SHAPES = [
     Shape("gemm_up_q4", 512, 8192, 2048),

@@ -3,8 +3,8 @@
 A gpt-fast-style decoder (static KV cache ``[B, NKV, max_seq, D]`` per layer, one token per slot
 per step, attention over the cache with a position mask, fused qkv and gate/up weights) run
 three ways: eager, eager captured in a CUDA graph, and ``torch.compile`` (mode
-``reduce-overhead``, which replays CUDA graphs); a mixture of experts as gpt-fast's mixtral-moe
-decodes it (the chosen experts' weights gathered per row). Weights are random: speed does not depend on
+``reduce-overhead``, which replays CUDA graphs), and a prompt's prefill eager and compiled; a
+mixture of experts as gpt-fast's mixtral-moe decodes it (the chosen experts' weights gathered per row). Weights are random: speed does not depend on
 their values, only on their shapes and dtype, which match the artifact's model in fp16.
 """
 
@@ -92,6 +92,25 @@ class TorchDecoder(torch.nn.Module):
             x = x + (self._mlp(xn, layer) if c.moe is None else self._experts(xn, layer))
         return (self._norm(x, self.final_norm) @ self.head.T).float()
 
+    def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One prompt into slot 0: ``tokens`` [L] -> its last token's logits [1, vocab] (f32), cache
+        rows 0..L-1 written, attention causal over the prompt (dense FFNs only)."""
+        c = self.cfg
+        n, nh, nkv, d = tokens.shape[0], c.num_heads, c.num_kv_heads, c.head_dim
+        pos = torch.arange(n, device=tokens.device)
+        x = self.embed[tokens]                                                    # [L, H]
+        for layer, kc, vc in zip(self.layers, self.k_cache, self.v_cache):
+            qkv = self._norm(x, layer["attn_norm"]) @ layer["wqkv"].T
+            q, k, v = qkv.split([nh * d, nkv * d, nkv * d], -1)
+            q = self._rope(q.view(n, nh, d), pos).transpose(0, 1)                # [NH, L, D]
+            k = self._rope(k.view(n, nkv, d), pos).transpose(0, 1)
+            v = v.view(n, nkv, d).transpose(0, 1)
+            kc[0, :, :n], vc[0, :, :n] = k, v
+            o = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, enable_gqa=True)
+            x = x + o[0].transpose(0, 1).reshape(n, nh * d) @ layer["wo"].T
+            x = x + self._mlp(self._norm(x, layer["ffn_norm"]), layer)
+        return (self._norm(x[-1:], self.final_norm) @ self.head.T).float()
+
 
 def time_steps(step: Callable[[], object], steps: int, warmup: int = 3) -> float:
     """Milliseconds per call of ``step`` (GPU-synchronized wall clock over ``steps`` calls)."""
@@ -134,6 +153,26 @@ def _time_decoders(cfg: ModelConfig, batch: int, max_seq: int, context: int, ste
         for _ in range(3):
             compiled(tokens, pos)
         out["compile_cudagraph_fp16"] = time_steps(lambda: compiled(tokens, pos), steps)
+    return out
+
+
+def prefill_baselines(cfg: ModelConfig, max_seq: int, length: int, steps: int) -> dict:
+    """ms to prefill one ``length``-token prompt (its first token's logits), eager and ``torch.compile``
+    (default mode: a prompt is one call, so there are no launches for CUDA graphs to save)."""
+    out = _time_prefill(cfg, max_seq, length, steps)
+    torch.cuda.empty_cache()   # the model died with _time_prefill's frame
+    return out
+
+
+def _time_prefill(cfg: ModelConfig, max_seq: int, length: int, steps: int) -> dict:
+    torch.manual_seed(0)
+    model = TorchDecoder(cfg, 1, max_seq)
+    tokens = torch.randint(0, cfg.vocab_size, (length,), device="cuda")
+    out = {}
+    with torch.no_grad():
+        out["eager_fp16"] = time_steps(lambda: model.prefill(tokens), steps)
+        compiled = torch.compile(model.prefill, fullgraph=True)
+        out["compile_fp16"] = time_steps(lambda: compiled(tokens), steps)
     return out
 
 

@@ -5,7 +5,9 @@ prefill ms per bucket, decode ms per step at batch 1 and at the build's batch. E
 figure comes with the bytes a step must read (every weight the decode graph touches once, one
 embedding row per slot, the KV cache up to the context) and the bandwidth that implies, as a
 fraction of the card's device-to-device copy bandwidth measured in the same run (the roofline).
-The baselines (``compiler/baseline.py``) run in the same process, after the artifact.
+The baselines (``cli/baselines.py``: decode steps, and a prompt of the largest bucket's length for dense
+models) run in the same process, after the artifact; the time to first token is also taken for a
+prompt of each bucket's length.
 """
 
 from __future__ import annotations
@@ -104,17 +106,14 @@ def bench_artifact(path: Path, steps: int = 100, context: int = 128, baselines: 
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(100, cfg.vocab_size - 100, context)]
 
-    t0 = time.perf_counter()
-    slot = engine.add(prompt, SamplingParams(max_new_tokens=1))
-    engine.tokens(slot)
-    ttft_ms = (time.perf_counter() - t0) * 1e3
-    engine.release(slot)
+    ttft_ms = _first_token_ms(engine, prompt, tries=1)   # the first request after load
 
-    prefill = {}
+    prefill, ttft_by_prompt = {}, {}
     for L in buckets:
         slot = engine.add(prompt[:1] * L, SamplingParams(max_new_tokens=1), bucket=L)
         prefill[L] = _time(lambda: ex.replay(f"prefill_{L}"), ex.synchronize, max(3, steps // 10))
         engine.release(slot)
+        ttft_by_prompt[L] = _first_token_ms(engine, [int(t) for t in rng.integers(100, cfg.vocab_size - 100, L)])
 
     decode = {}
     for b in sorted({1, batch}):
@@ -134,7 +133,8 @@ def bench_artifact(path: Path, steps: int = 100, context: int = 128, baselines: 
                                                   "intermediate_size", "vocab_size")},
         "quant": manifest.quant.name, "synthetic_weights": runner.synthetic,
         "context": context, "steps": steps,
-        "grokc": {"load_s": load_s, "ttft_ms": ttft_ms, "prefill_ms": prefill, "decode": decode},
+        "grokc": {"load_s": load_s, "ttft_ms": ttft_ms, "ttft_ms_by_prompt": ttft_by_prompt, "prefill_ms": prefill,
+                  "decode": decode},
     }
     if profile is not None:
         profile_launches(runner, prompt, min(steps, 20), profile, progress)
@@ -153,4 +153,22 @@ def bench_artifact(path: Path, steps: int = 100, context: int = 128, baselines: 
             base = decode_baselines(cfg, b, manifest.shapes.max_seq, context + steps // 2, steps)
             result["torch"][b] = base
             decode[b]["speedup"] = {k: v / decode[b]["ms_per_step"] for k, v in base.items()}
+        if cfg.moe is None:
+            from grokc.cli.baselines import prefill_baselines
+
+            L = max(buckets)
+            progress(f"torch prefill of {L} tokens")
+            result["torch_prefill"] = {L: prefill_baselines(cfg, manifest.shapes.max_seq, L, max(3, steps // 10))}
     return result
+
+
+def _first_token_ms(engine, prompt: list[int], tries: int = 5) -> float:
+    """Median ms from handing the engine ``prompt`` to holding its first token (host work included)."""
+    times = []
+    for _ in range(tries):
+        t0 = time.perf_counter()
+        slot = engine.add(prompt, SamplingParams(max_new_tokens=1))
+        engine.tokens(slot)
+        times.append((time.perf_counter() - t0) * 1e3)
+        engine.release(slot)
+    return float(np.median(times))

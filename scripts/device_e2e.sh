@@ -5,7 +5,7 @@
 #
 #   here:            scripts/device_e2e.sh pack      # .carry/gguf_a, .carry/gguf_b, .carry/whl (git-excluded)
 #   device, call 1:  scripts/device_e2e.sh stage     # carry .carry/gguf_a
-#   device, call 2:  scripts/device_e2e.sh run [pytest args]   # carry .carry/gguf_b and .carry/whl
+#   device, call 2:  scripts/device_e2e.sh run      # carry .carry/gguf_b and .carry/whl; logs under $OUT
 #
 # `stage` may share its call with other work (e.g. the rest of tests/gpu); `run` needs the gguf wheel,
 # which scripts/device_env.sh installs from .carry/whl.
@@ -30,11 +30,13 @@ case "${1:-}" in
     [[ -f $STAGE/gg_00 || -f $STAGE/smollm2.gguf ]] || { echo "no $STAGE/gg_00: run 'stage' in the call before, on the same warm machine" >&2; exit 2; }
     [[ -f $STAGE/smollm2.gguf ]] || { cat "$STAGE/gg_00" .carry/gguf_b/gg_01 > "$STAGE/smollm2.gguf" && rm "$STAGE/gg_00"; }
     sha256sum "$STAGE/smollm2.gguf" | cut -c1-16
-    . scripts/device_env.sh
-    GROKC_TEST_GGUF=$STAGE/smollm2.gguf python3 -m pytest tests/gpu/test_gpu_e2e.py -q -p no:cacheprovider -rs "$@"
+    export GROKC_TEST_GGUF=$STAGE/smollm2.gguf
+    T=tests/gpu/test_gpu_e2e.py   # one part per build, side by side (scripts/device_verify.sh)
+    exec scripts/device_verify.sh "$T -k fp16" "$T -k int4]" "$T -k int4-r" "$T -k int4-h8" "$T -k wrong_arch" \
+      "$T -k synthetic_weights"
     ;;
   *)
-    echo "usage: scripts/device_e2e.sh pack | stage | run [pytest args]" >&2
+    echo "usage: scripts/device_e2e.sh pack | stage | run" >&2
     exit 2
     ;;
 esac

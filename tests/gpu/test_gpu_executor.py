@@ -2,7 +2,8 @@
 
 No compiler or artifact is involved: the kernels below are tiny and exact (integer arithmetic),
 and the executor's kernels have the parameter lists of real ABI ops (``take_last``, ``linear``)
-so that a hand-written ``Plan`` passes ``Plan.validate``. What is checked:
+and read buffers of those ops' dtypes and sizes (f16 buffers carry 16-bit integers), so that a
+hand-written ``Plan`` passes ``Plan.validate``. What is checked:
 
 - ``cuda_driver``: launches, a graph of 3 dependent kernel nodes, replaying it twice, events;
 - ``GpuExecutor``: replay runs launches in order (a dependent chain), replaying twice applies the
@@ -37,10 +38,11 @@ extern "C" __global__ void scale_add(float* p, float s, int n) {   // p = p * s 
     if (i < n) p[i] = p[i] * s + 1.0f;
 }
 
-// take_last's ABI (out, x, n_real, hidden); stand-in semantics: out = 3 * out + x + n_real[0].
-extern "C" __global__ void fake_take_last(int* out, const int* x, const int* n_real, int hidden) {
+// take_last's ABI (out, x, n_real, hidden) on f16 buffers read as 16-bit integers; stand-in
+// semantics: out = 3 * out + x + n_real[0] (mod 2^16).
+extern "C" __global__ void fake_take_last(unsigned short* out, const unsigned short* x, const int* n_real, int hidden) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;   // no grid-stride loop: the grid must cover
-    if (i < hidden) out[i] = 3 * out[i] + x[i] + n_real[0];
+    if (i < hidden) out[i] = (unsigned short)(3 * out[i] + x[i] + n_real[0]);
 }
 
 // linear's ABI; records what arrived: null flags, scalars, eps's bits, x[0] through the far end
@@ -71,7 +73,8 @@ extern "C" __global__ void probe_linear(int* out, const int* x, const int* weigh
 
 HIDDEN = 50           # elements the chain kernels touch (of 64): grid (2,) x block (32,) covers 64
 PROBE_SMEM = 64 * 1024  # past the 48 KB default: the executor must raise the kernel's limit
-SCALARS = {"M": -7, "N": 2**31 - 1, "K": -(2**31), "group_size": 128, "eps": 1e-6}
+# valid for the plan check: out = probe (32 f16 = the 16 words written), x = c (64 f16), weight N x K f16
+SCALARS = {"M": 1, "N": 32, "K": 64, "group_size": 0, "eps": 1e-6}
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +150,7 @@ def test_param_sizes(cuda_context, cubin):
         sizes = module.function("probe_linear").param_sizes()
         if sizes is None:
             pytest.skip("the driver cannot report kernel parameter sizes")
-        assert sizes == (8,) * 8 + (4,) * 5
+        assert sizes == (8,) * 9 + (4,) * 5   # linear's 9 pointers, then M, N, K, group_size, eps
         assert module.function("add_one").param_sizes() == (8, 4)
 
 
@@ -155,9 +158,9 @@ def test_param_sizes(cuda_context, cubin):
 
 
 def _buffers() -> dict[str, Buffer]:
-    specs = [("a", BufferKind.IO, "int32", (64,)), ("b", BufferKind.SCRATCH, "int32", (64,)),
-             ("c", BufferKind.SCRATCH, "int32", (64,)), ("n", BufferKind.IO, "int32", (1,)),
-             ("probe", BufferKind.SCRATCH, "int32", (16,)), ("d", BufferKind.SCRATCH, "int32", (64,)),
+    specs = [("a", BufferKind.IO, "float16", (64,)), ("b", BufferKind.SCRATCH, "float16", (64,)),
+             ("c", BufferKind.SCRATCH, "float16", (64,)), ("n", BufferKind.IO, "int32", (1,)),
+             ("probe", BufferKind.SCRATCH, "float16", (32,)), ("d", BufferKind.SCRATCH, "float16", (64,)),
              ("grid2", BufferKind.IO, "int32", (3, 4)), ("h", BufferKind.IO, "float16", (2, 5))]
     return {name: Buffer(name, kind, dtype, shape, 256 * i)
             for i, (name, kind, dtype, shape) in enumerate(specs)}
@@ -173,7 +176,7 @@ def _probe() -> Launch:
     args = (Arg("out", buffer="probe"), Arg("x", buffer="c"), Arg("weight", weight="w.probe"),
             Arg("scales"), Arg("zeros"), Arg("norm"), Arg("residual", buffer="a"), Arg("addend"), Arg("bias"),
             *(Arg(name, value=v) for name, v in SCALARS.items()))
-    attrs = {"weight_format": "f16", "act": "none", "out_dtype": "f16"}
+    attrs = {"weight_format": "f16", "act": "none", "out_dtype": "f16", "x_dtype": "f16", "residual_dtype": "f16"}
     return Launch("linear", "probe_linear", (1, 1, 1), (32, 1, 1), PROBE_SMEM, args, attrs, node="probe")
 
 
@@ -181,14 +184,15 @@ def _plan(arch: str, chain_kernel: str = "fake_take_last") -> Plan:
     chain = GraphPlan("chain", 1, (_take_last("b", "a", HIDDEN, "b", chain_kernel),
                                    _take_last("c", "b", HIDDEN, "c"), _probe()), logits="probe")
     other = GraphPlan("other", 1, (_take_last("d", "a", 8, "d"),), logits="d")
-    plan = Plan(arch, 256 * 9, _buffers(), {"chain": chain, "other": other})
+    buffers = _buffers()
+    plan = Plan(arch, 256 * len(buffers), buffers, {"chain": chain, "other": other})  # the last one ends in it
     plan.validate()
     return plan
 
 
 WEIGHTS = {
     "w.f16": np.arange(5, dtype=np.float16) / 3,   # 10 bytes: the next weight must still be aligned
-    "w.probe": np.array([1234567, 2, 3], np.int32),
+    "w.probe": (np.arange(SCALARS["N"] * SCALARS["K"]) % 1000).astype(np.float16),
     "w.u8": (np.arange(300) % 251).astype(np.uint8),
 }
 
@@ -201,29 +205,29 @@ def executor(arch, cubin):
 
 
 def test_replay_runs_launches_in_order_and_twice_applies_twice(executor):
-    a = np.random.default_rng(2).integers(-1000, 1000, 64).astype(np.int32)
-    executor.write("a", a)
+    a = np.random.default_rng(2).integers(0, 1000, 64).astype(np.uint16)
+    executor.write("a", a.view(np.float16))
     executor.write("n", np.array([5], np.int32))
-    b, c = np.zeros(64, np.int64), np.zeros(64, np.int64)
+    b, c = np.zeros(64, np.uint16), np.zeros(64, np.uint16)   # uint16 arithmetic wraps as the kernel's
     for replay in range(3):
         executor.replay("chain")
         b[:HIDDEN] = 3 * b[:HIDDEN] + a[:HIDDEN] + 5   # each step sees the previous one's output
         c[:HIDDEN] = 3 * c[:HIDDEN] + b[:HIDDEN] + 5
         if replay == 1:
             executor.synchronize()
-            np.testing.assert_array_equal(executor.read("b"), b)
-    np.testing.assert_array_equal(executor.read("b"), b)  # rows past HIDDEN stay 0: the grid was (2,)x(32,)
-    np.testing.assert_array_equal(executor.read("c"), c)
-    assert executor.read("probe")[9] == c[0]  # the third launch ran after the second
-    np.testing.assert_array_equal(executor.read("d"), 0)  # another graph's buffer is untouched
+            np.testing.assert_array_equal(executor.read("b").view(np.uint16), b)
+    np.testing.assert_array_equal(executor.read("b").view(np.uint16), b)  # past HIDDEN stays 0: the grid was (2,)x(32,)
+    np.testing.assert_array_equal(executor.read("c").view(np.uint16), c)
+    assert executor.read("probe").view(np.int32)[9] == c[:2].view(np.int32)[0]  # the third launch ran after the second
+    assert not executor.read("d").any()  # another graph's buffer is untouched
 
 
 def test_scalars_nulls_pointers_and_smem_arrive(executor):
     executor.write("n", np.array([0], np.int32))
     executor.replay("chain")
-    probe = executor.read("probe")
+    probe = executor.read("probe").view(np.int32)
     want = [1, 1, 1, 0, SCALARS["M"], SCALARS["N"], SCALARS["K"], SCALARS["group_size"],
-            int(np.float32(SCALARS["eps"]).view(np.int32)), 0, 1234567, PROBE_SMEM,
+            int(np.float32(SCALARS["eps"]).view(np.int32)), 0, int(WEIGHTS["w.probe"][:2].view(np.int32)[0]), PROBE_SMEM,
             *_i32_words(executor.buffer_address("a")), *_i32_words(executor.weight_address("w.probe"))]
     assert probe.tolist() == want
 
@@ -296,8 +300,8 @@ def test_executor_refuses_wrong_arch_missing_kernel_and_abi_mismatch(arch, cubin
 
 
 def test_run_kernel_harness(cuda_context, cubin):
-    x = np.arange(64, dtype=np.int32) * 3
-    out = np.full(64, 10, np.int32)
+    x = np.arange(64, dtype=np.uint16) * 3   # fake_take_last reads its f16 buffers as 16-bit integers
+    out = np.full(64, 10, np.uint16)
     got = run_kernel(cubin, "fake_take_last", (2, 1, 1), (32, 1, 1), 0, "take_last",
                      {"out": out, "x": x, "n_real": np.array([4], np.int32), "hidden": HIDDEN})
     want = out.copy()

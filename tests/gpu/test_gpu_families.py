@@ -5,7 +5,8 @@ attention, the scaled embedding) in the plans that use them.
 
 Prefill logits of every bucket (a prompt longer than Mistral's and Gemma's windows included) and
 teacher-forced decode logits within 3e-2 of their RMS, as in ``test_gpu_e2e.py``; the greedy
-tokens identical. fp16 and the default int4 (cheap calibration) builds.
+tokens identical wherever the CPU's lead is clear (``plan_compare.clear_greedy``). fp16 and the default int4
+(cheap calibration) builds.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from plan_compare import TOL, prefill_logits, rel_err  # noqa: E402
+from plan_compare import TOL, clear_greedy, prefill_logits, rel_err  # noqa: E402
 from tiny_families import FAMILIES, write_family  # noqa: E402
 
 from grokc.compiler.build import BuildOptions, build  # noqa: E402
@@ -55,7 +56,15 @@ def test_decode_logits_teacher_forced(pair):
 
 
 def test_greedy_tokens_match_cpu(pair):
+    """The GPU's greedy continuation starts with every token of the CPU's that has a clear lead
+    (``clear_greedy``), for the first of 20 prompts with at least 8 such tokens."""
     gpu, cpu = pair
-    ids = np.random.default_rng(2).integers(5, 300, 10).tolist()
-    params = SamplingParams(max_new_tokens=32)
-    assert gpu.generate_ids([ids], params) == cpu.generate_ids([ids], params)
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        ids = rng.integers(5, 300, 10).tolist()
+        if len(want := clear_greedy(cpu, ids, 32)) >= 8:
+            break
+    else:
+        pytest.fail("no prompt among 20 has 8 CPU greedy tokens without a near-tie")
+    got = gpu.generate_ids([ids], SamplingParams(max_new_tokens=32))[0]
+    assert got[:len(want)] == want

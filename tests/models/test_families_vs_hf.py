@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from near_tie import clear_prefix
 from safetensors.numpy import load_file
 from tiny_families import FAMILIES, cached_logits
 
@@ -99,10 +100,7 @@ def clear_greedy_prompt(ref, n_prompt: int, n_new: int, cached: bool = False,
         want = greedy(ref, ids, n_new, cached)
         if eos in want:
             continue
-        steps = cached_logits(ref, ids + want)[n_prompt - 1:-1]
-        top2 = np.sort(steps, axis=1)[:, -2:]
-        clear = top2[:, 1] - top2[:, 0] >= 2 * LOGIT_TOL * np.sqrt((steps ** 2).mean(axis=1))
-        n_clear = len(want) if clear.all() else int(np.argmin(clear))
+        n_clear = clear_prefix(cached_logits(ref, ids + want)[n_prompt - 1:-1], LOGIT_TOL)
         if n_clear >= need:
             return ids, want[:n_clear]
     raise AssertionError(f"no prompt among 40 seeds has {need} greedy tokens without a near-tie")
