@@ -34,19 +34,20 @@ from grokc.core import tensors as names
 from grokc.quant.recipe import QUANT
 from grokc.quant.weights import dequantized_weight
 
-
-_OVERRIDES = {"res": "fp16_residual", "damp": "damp"}
+_OVERRIDES = {"res": lambda v: {"fp16_residual": float(v)}, "damp": lambda v: {"damp": float(v)},
+              "down": lambda v: {"fine": ("ffn_down",), "fine_group_size": int(v)}}
 
 
 def recipe_of(spec: str):
-    """``NAME`` of the QUANT registry, with ``+resF`` for ``--fp16-residual F`` and ``+dampF`` for GPTQ's damping F."""
+    """``NAME`` of the QUANT registry, with ``+resF`` for ``--fp16-residual F``, ``+dampF`` for GPTQ's
+    damping F and ``+downG`` for ffn_down in groups of G (a mixed recipe)."""
     name, *extra = spec.split("+")
     recipe = QUANT[name]
     for part in extra:
         key = next((k for k in _OVERRIDES if part.startswith(k)), None)
         if key is None:
-            raise SystemExit(f"{spec}: unknown override {part!r}; use +resF or +dampF")
-        recipe = replace(recipe, **{_OVERRIDES[key]: float(part.removeprefix(key))})
+            raise SystemExit(f"{spec}: unknown override {part!r}; use +resF, +dampF or +downG")
+        recipe = replace(recipe, **_OVERRIDES[key](part.removeprefix(key)))
     return recipe
 
 
