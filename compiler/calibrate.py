@@ -109,7 +109,7 @@ def calibrate(loaded: LoadedModel, recipe: QuantRecipe, opts: CalibrationOptions
     if opts.sequential:
         def quantize(name: str, w: np.ndarray, h: np.ndarray) -> np.ndarray:
             expert = names.parse(name)[0] in _STACKED   # experts keep no fp16 residual
-            return dequantized_weight(w, replace(recipe, fp16_residual=0.0) if expert else recipe, h)
+            return dequantized_weight(w, replace(recipe, fp16_residual=0.0) if expert else recipe.for_weight(name), h)
 
         if recipe.embeddings is not WeightFormat.F16:   # block 0 sees the embedding rows the artifact holds
             table = model.token_embd.weight

@@ -122,6 +122,8 @@ def _quantize_linear(n: Node, module: Module, is_head: bool, recipe: QuantRecipe
     carried weights stored on their own grid."""
     wname = n.inputs["weight"]
     w = module.params[wname]
+    if not is_head:
+        recipe = recipe.for_weight(wname)
     fmt = recipe.lm_head if is_head else recipe.weight_format
     if fmt is WeightFormat.F16:
         if tied and recipe.embeddings is not WeightFormat.F16:   # the f16 head keeps the f16 table as its own weight

@@ -3,7 +3,8 @@
 A ``QuantRecipe`` says how every weight of a model is stored: the transformer-block linears
 (f16, or int4 per output channel or per group, symmetric or with a zero-point, rounded to
 nearest or by GPTQ with its options), the LM head (f16, int8 or int4), the embedding table (f16,
-int8 or int4) and the optional fp16 residual of int4 weights. ``__post_init__`` refuses
+int8 or int4), the optional fp16 residual of int4 weights, and, in a mixed recipe (``fine``), the
+linears of some kinds stored in finer groups than the rest. ``__post_init__`` refuses
 inconsistent combinations with one sentence each. ``QUANT`` holds the presets by name; a build
 takes one and overrides its parts from the command line (``dataclasses.replace``).
 """
@@ -13,12 +14,18 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
+from grokc.core import tensors as names
 from grokc.core.errors import BuildOptionError
 from grokc.core.ir import WeightFormat
 
 # Largest --fp16-residual: each kept entry costs 6 bytes (i32 column, f16 value), so at 10% the
 # residual already outweighs the int4 codes it corrects (0.6 vs 0.5 bytes per weight).
 MAX_RESIDUAL = 0.1
+
+
+# The linears a mixed recipe may store finer: those no fusion pass concatenates, so calibration (which
+# sees attn_q, ffn_gate, ...) and the quantize pass (which sees attn_qkv, ffn_gate_up) agree on them.
+FINE_KINDS = (names.Tensor.ATTN_OUTPUT.value, names.Tensor.FFN_DOWN.value)
 
 
 class Rounding(enum.Enum):
@@ -41,6 +48,8 @@ class QuantRecipe:
     lm_head: WeightFormat = WeightFormat.F16
     fp16_residual: float = 0.0           # fraction of each int4 weight's entries kept as f16 corrections
     embeddings: WeightFormat = WeightFormat.F16  # the token embedding table: f16, q8 or q4 (round to nearest)
+    fine: tuple[str, ...] = ()           # mixed: kinds of FINE_KINDS stored, in every block, ...
+    fine_group_size: int = 64            # ... in groups of this many inputs, whatever ``group_size`` says
 
     def __post_init__(self) -> None:
         if self.weight_format not in (WeightFormat.F16, WeightFormat.Q4):
@@ -60,6 +69,13 @@ class QuantRecipe:
         if self.clip_search and self.group_size and not self.act_order:
             raise BuildOptionError(f"quantization '{self.name}': clip_search with groups needs act_order "
                                    "(static group scales)")
+        unknown = [k for k in self.fine if k not in FINE_KINDS]
+        if unknown:
+            raise BuildOptionError(f"quantization '{self.name}': fine kind {unknown[0]!r} cannot be stored finer; "
+                                   f"choose among {', '.join(FINE_KINDS)}")
+        if self.fine and (self.fine_group_size <= 0 or self.fine_group_size % 8):
+            raise BuildOptionError(f"quantization '{self.name}': fine_group_size {self.fine_group_size} must be a "
+                                   "positive multiple of 8")
         if not 0 < self.damp < 1:
             raise BuildOptionError(f"quantization '{self.name}': damp {self.damp} must lie in (0, 1)")
         if not 0 <= self.fp16_residual <= MAX_RESIDUAL:
@@ -68,6 +84,14 @@ class QuantRecipe:
         if self.fp16_residual and WeightFormat.Q4 not in (self.weight_format, self.lm_head):
             raise BuildOptionError(f"--fp16-residual corrects int4 weights but quantization '{self.name}' stores "
                                    "none; choose an int4 recipe or --lm-head int4")
+
+    def for_weight(self, weight: str) -> "QuantRecipe":
+        """The recipe of one block linear (canonical ``weight`` name, fused or not): for a kind of
+        ``fine``, this one with groups of ``fine_group_size``; else this one."""
+        parsed = names.parse(weight) if self.fine else None
+        if parsed is None or parsed[1] is None or parsed[0].value not in self.fine:
+            return self
+        return replace(self, group_size=self.fine_group_size, fine=())
 
     @property
     def calibrated(self) -> bool:
@@ -88,6 +112,8 @@ class QuantRecipe:
             parts.append("round to nearest")
         if self.fp16_residual:
             parts.append(f"fp16 residual {self.fp16_residual:.3g}")
+        if self.fine:
+            parts.append(f"{'/'.join(self.fine)} in groups of {self.fine_group_size}")
         return ", ".join(parts)
 
     def uncalibrated(self) -> "QuantRecipe":
@@ -99,7 +125,8 @@ class QuantRecipe:
                 "symmetric": self.symmetric, "rounding": self.rounding.value, "act_order": self.act_order,
                 "clip_search": self.clip_search, "damp": self.damp, "lm_head": self.lm_head.value,
                 "embeddings": self.embeddings.value,
-                **({"fp16_residual": self.fp16_residual} if self.fp16_residual else {})}  # absent when off: same bytes as before
+                **({"fp16_residual": self.fp16_residual} if self.fp16_residual else {}),  # absent when off: same bytes as before
+                **({"fine": list(self.fine), "fine_group_size": self.fine_group_size} if self.fine else {})}
 
 
 _A = dict(weight_format=WeightFormat.Q4, symmetric=False, rounding=Rounding.GPTQ, act_order=True, clip_search=True)
@@ -107,6 +134,7 @@ QUANT: dict[str, QuantRecipe] = {
     "int4": QuantRecipe("int4", **_A),
     "int4-g128": QuantRecipe("int4-g128", **_A, group_size=128),
     "int4-g64": QuantRecipe("int4-g64", **_A, group_size=64),
+    "int4-mixed": QuantRecipe("int4-mixed", **_A, fine=(names.Tensor.FFN_DOWN.value,)),
     "int4-rtn": QuantRecipe("int4-rtn", WeightFormat.Q4),
     "int4-g64-rtn": QuantRecipe("int4-g64-rtn", WeightFormat.Q4, group_size=64, symmetric=False),
     "fp16": QuantRecipe("fp16", WeightFormat.F16),

@@ -3,13 +3,16 @@
 The model's linears are replaced in memory by what ``quant.weights.dequantized_weight`` stores for
 each recipe (the quantize pass's own numerics; the LM head, embeddings and norms left in f32), and
 grokc's float32 torch model (``compiler.quality``, as the build report) measures each shipped
-evaluation genre against the unquantized model. Differences from a build: one set of calibration
-statistics for every recipe, from the unquantized model (``--no-sequential``; ``--calib-samples``
-windows of the shipped mix), and no f16 rounding of norms. The statistics are cached in ``--cache``.
+evaluation genre against the unquantized model. Statistics: by default one set for every recipe,
+from the unquantized model (as ``--no-sequential``; ``--calib-samples`` windows of the shipped mix),
+cached in ``--cache``; with ``--sequential``, each recipe's own, as a default build calibrates
+(``compiler.calibrate.calibrate``: block by block on the outputs of the blocks already quantized),
+not cached. Differences from a build then: no f16 rounding of norms.
 
-    python bench/probes/quant_sweep.py MODEL.gguf int4 int4-g64 int4+res0.005 [--tokens 2048] [--calib-samples 8]
+    python bench/probes/quant_sweep.py MODEL.gguf int4 int4-g64 int4+res0.005 int4+damp0.1 [--tokens 2048] [--calib-samples 8]
+    python bench/probes/quant_sweep.py MODEL.gguf int4 int4-mixed --sequential --calib-samples 32   # as a default build
 
-Prints one JSON line per recipe: per genre (perplexity, increase in %, mean KL) and the worst.
+Prints one JSON line per recipe: per genre (perplexity, increase in %, top-1 agreement, mean KL) and the worst.
 """
 
 from __future__ import annotations
@@ -31,11 +34,21 @@ from grokc.core import tensors as names
 from grokc.quant.recipe import QUANT
 from grokc.quant.weights import dequantized_weight
 
+_OVERRIDES = {"res": lambda v: {"fp16_residual": float(v)}, "damp": lambda v: {"damp": float(v)},
+              "down": lambda v: {"fine": ("ffn_down",), "fine_group_size": int(v)}}
+
 
 def recipe_of(spec: str):
-    """``NAME`` of the QUANT registry, or ``NAME+resF`` for it with ``--fp16-residual F``."""
-    name, _, res = spec.partition("+res")
-    return replace(QUANT[name], fp16_residual=float(res)) if res else QUANT[name]
+    """``NAME`` of the QUANT registry, with ``+resF`` for ``--fp16-residual F``, ``+dampF`` for GPTQ's
+    damping F and ``+downG`` for ffn_down in groups of G (a mixed recipe)."""
+    name, *extra = spec.split("+")
+    recipe = QUANT[name]
+    for part in extra:
+        key = next((k for k in _OVERRIDES if part.startswith(k)), None)
+        if key is None:
+            raise SystemExit(f"{spec}: unknown override {part!r}; use +resF, +dampF or +downG")
+        recipe = replace(recipe, **_OVERRIDES[key](part.removeprefix(key)))
+    return recipe
 
 
 def main() -> None:
@@ -45,32 +58,37 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--calib-samples", type=int, default=8)
-    ap.add_argument("--cache", type=Path, default=Path("/tmp/grokc-sweep-hessians.npz"))
+    ap.add_argument("--sequential", action="store_true", help="each recipe's own sequential calibration, as a build")
+    ap.add_argument("--cache", type=Path, help="shared statistics (default /tmp/grokc-sweep-hessians-SAMPLES.npz)")
     args = ap.parse_args()
+    args.cache = args.cache or Path(f"/tmp/grokc-sweep-hessians-{args.calib_samples}.npz")
     torch.set_num_threads(2)
     t0 = time.time()
     loaded = load_model(args.model)
-    if args.cache.exists():
-        hess = dict(np.load(args.cache))
-    else:
+    shared = None   # --sequential: each recipe calibrates on its own below
+    if not args.sequential and args.cache.exists():
+        shared = dict(np.load(args.cache))
+    elif not args.sequential:
         opts = CalibrationOptions(samples=args.calib_samples, sequential=False)
-        hess = dict(calibrate(loaded, QUANT["int4"], opts).hessians)
-        np.savez(args.cache, **hess)
+        shared = dict(calibrate(loaded, QUANT["int4"], opts).hessians)
+        np.savez(args.cache, **shared)
     texts = eval_texts()
     wins = report_windows(loaded.tokenizer_json, texts, args.tokens, args.context)
     ref = reference_model(loaded.config, loaded.weights)
     ref_logits = {t.name: [reference_logits(ref, w) for w in wins[t.name]] for t in texts}
-    linears = [k for k in loaded.weights if names.input_key(k) in hess and k != names.LM_HEAD]
     for spec in args.recipes:
         recipe, t1 = recipe_of(spec), time.time()
-        weights = {k: (dequantized_weight(np.asarray(v, np.float32), recipe, hess[names.input_key(k)])
+        hess = shared or dict(calibrate(loaded, recipe, CalibrationOptions(samples=args.calib_samples)).hessians)
+        linears = [k for k in loaded.weights if names.input_key(k) in hess and k != names.LM_HEAD]
+        weights = {k: (dequantized_weight(np.asarray(v, np.float32), recipe.for_weight(k), hess[names.input_key(k)])
                        if k in linears else v) for k, v in loaded.weights.items()}
         model = reference_model(loaded.config, weights)
         genres = {}
         for t in texts:
             m = combine([position_stats(r, reference_logits(model, w), w) for r, w in zip(ref_logits[t.name], wins[t.name])])
             genres[t.name] = {"ppl_reference": round(m["ppl_reference"], 3), "ppl": round(m["ppl_artifact"], 3),
-                              "increase_pct": round(100 * m["ppl_increase"], 1), "kl": round(m["kl_mean"], 4)}
+                              "increase_pct": round(100 * m["ppl_increase"], 1),
+                              "top1": round(m["top1_agreement"], 3), "kl": round(m["kl_mean"], 4)}
         worst = max(genres, key=lambda g: genres[g]["increase_pct"])
         print(json.dumps({"recipe": spec, "seconds": round(time.time() - t1), "genres": genres,
                           "worst": {"genre": worst, "increase_pct": genres[worst]["increase_pct"]}}), flush=True)
