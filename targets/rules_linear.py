@@ -525,21 +525,26 @@ def rule_gemv(call: KernelCall, target: Target) -> KernelChoice | None:
 _GEMM_TILES = ((128, 128, 2, 4), (64, 128, 2, 4), (64, 64, 2, 2))
 
 
-def gemm_variant(lin: _Linear, target: Target) -> Gemm | None:
-    """The largest tile that still gives every SM a block, with as many stages as fit (<= 4)."""
+def _filling_tile(variants, lin: _Linear, target: Target):
+    """The first of ``variants`` (one per tile, largest first; None where the tile does not fit)
+    whose grid gives every SM a block, else the last that fits; None when none fits."""
     best = None
-    for bm, bn, wm, wn in _GEMM_TILES:
-        for stages in (3, 2):
-            v = Gemm(lin.wf, lin.act, lin.out, bm, bn, wm, wn, stages, 0)
-            if v.valid() and v.smem() <= target.smem_per_block:
-                break
-        else:
+    for v in variants:
+        if v is None:
             continue
         best = v
         gx, gy, _ = v.grid(lin.m, lin.n)
         if gx * gy >= target.num_sms:
             break
     return best
+
+
+def gemm_variant(lin: _Linear, target: Target) -> Gemm | None:
+    """The largest tile that still gives every SM a block, with as many stages as fit (3, else 2)."""
+    def fitting(bm: int, bn: int, wm: int, wn: int) -> Gemm | None:
+        return next((v for st in (3, 2) if (v := Gemm(lin.wf, lin.act, lin.out, bm, bn, wm, wn, st, 0)).valid()
+                     and v.smem() <= target.smem_per_block), None)
+    return _filling_tile((fitting(*tile) for tile in _GEMM_TILES), lin, target)
 
 
 def rule_gemm(call: KernelCall, target: Target) -> KernelChoice | None:
@@ -557,17 +562,10 @@ _WGMMA_TILES = ((128, 256), (128, 128), (64, 128))  # (BM, BN), largest first
 def wgmma_variant(lin: _Linear, target: Target) -> Wgmma | None:
     """The largest tile that still gives every SM a block (else the smallest), with as many stages as
     fit (<= 6); None when not even 3 stages of the smallest fit."""
-    best = None
-    for bm, bn in _WGMMA_TILES:
-        v = next((Wgmma(lin.wf, lin.act, lin.out, bm, bn, st) for st in range(6, 2, -1)
-                  if Wgmma(lin.wf, lin.act, lin.out, bm, bn, st).smem() <= target.smem_per_block), None)
-        if v is None:
-            continue
-        best = v
-        gx, gy, _ = v.grid(lin.m, lin.n)
-        if gx * gy >= target.num_sms:
-            break
-    return best
+    def fitting(bm: int, bn: int) -> Wgmma | None:
+        return next((v for st in range(6, 2, -1) if (v := Wgmma(lin.wf, lin.act, lin.out, bm, bn, st)).smem()
+                     <= target.smem_per_block), None)
+    return _filling_tile((fitting(*tile) for tile in _WGMMA_TILES), lin, target)
 
 
 def rule_wgmma(call: KernelCall, target: Target) -> KernelChoice | None:
