@@ -24,7 +24,7 @@ import dataclasses
 
 from grokc.targets import rules_linear
 from grokc.targets.base import Feature, KernelCall, KernelChoice, KernelRule, Target, c_params
-from grokc.targets.rules_linear import REF_THREADS, Gemm, Gemv2, Ref, _bounds, _cpp_common
+from grokc.targets.linear_variants import REF_THREADS, Gemm, Gemv2, Ref, _bounds, _cpp_common
 
 HEADERS: tuple[str, ...] = ("common.cuh", "pdl.cuh", "linear_common.cuh", "linear_gemv2.cuh", "linear_gemm.cuh",
                             "linear_ref.cuh", "moe.cuh")
