@@ -36,8 +36,9 @@ def main() -> None:
         for n in (int(v) for v in a.lengths.split(",")):
             bucket = min(b for b in gpu.engine.shapes.buckets if b >= n)
             ids = [int(t) for t in rng.integers(20, 49000, n)]
-            err = rel_err(prefill_logits(gpu, ids, bucket), prefill_logits(cpu, ids, bucket))
-            spread = rounding_spread(cpu, lambda r: prefill_logits(r, ids, bucket))
+            clean = prefill_logits(cpu, ids, bucket)
+            err = rel_err(prefill_logits(gpu, ids, bucket), clean)
+            spread = rounding_spread(cpu, lambda r: prefill_logits(r, ids, bucket), clean)
             rows.append({"artifact": Path(path).name, "n": n, "bucket": bucket, "gpu": err, "spread": spread,
                          "ratio": err / spread})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
