@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+import grokc.targets
 from grokc.core.errors import TargetError
 from grokc.targets import KernelCall, build_kernels, get_target, rules_tvm, select
 
@@ -67,6 +68,7 @@ def test_auto_never_asks_tvm(monkeypatch):
 
 def test_without_tvm_a_tvm_build_says_how_to_get_it(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "grokc.targets.tvm_codegen", None)   # `import` raises ImportError
+    monkeypatch.delattr(grokc.targets, "tvm_codegen", raising=False)      # ... once an earlier test imported it
     monkeypatch.setattr(rules_tvm, "_LOADED", {})
     monkeypatch.setenv(rules_tvm.KERNELS_ENV, str(tmp_path))              # a folder without the kernel
     with pytest.raises(TargetError, match=r"pip install 'grokc\[tvm\]'.*GROKC_TVM_KERNELS"):
