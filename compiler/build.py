@@ -43,6 +43,7 @@ from grokc.core import tensors as names
 from grokc.core.errors import BuildOptionError, QualityError
 from grokc.core.ir import Module, WeightFormat
 from grokc.passes.static_shapes import StaticShapes
+from grokc.quant import rotation
 from grokc.quant.recipe import QUANT, QuantRecipe
 from grokc.targets import Target, build_kernels, get_target
 from grokc.targets.rules_tvm import KERNELS_CHOICES
@@ -59,6 +60,7 @@ class BuildOptions:
     lm_head: str | None = None        # "fp16", "int8" or "int4"; None: the recipe's own (fp16)
     fp16_residual: float | None = None  # fraction of int4 weights kept as f16 corrections; None: the recipe's (0)
     embeddings: str | None = None     # "fp16", "int8" or "int4"; None: the recipe's own (fp16)
+    rotate: bool | None = None        # turn the weights before quantizing (quant/rotation.py); None: the recipe's
     batch: int = 4
     buckets: tuple[int, ...] = (128, 512)
     max_seq: int = 2048
@@ -100,7 +102,7 @@ class BuildOptions:
                 raise BuildOptionError(f"unknown {option} '{value}'; choose one of: {', '.join(_WEIGHT_FORMATS)}")
         overrides = {"group_size": self.group_size, "symmetric": self.symmetric,
                      "lm_head": _WEIGHT_FORMATS.get(self.lm_head), "fp16_residual": self.fp16_residual,
-                     "embeddings": _WEIGHT_FORMATS.get(self.embeddings)}
+                     "embeddings": _WEIGHT_FORMATS.get(self.embeddings), "rotate": self.rotate}
         recipe = replace(QUANT[self.quant], **{k: v for k, v in overrides.items() if v is not None})
         _refuse_unused(self, recipe)
         shapes = StaticShapes(self.batch, tuple(self.buckets), self.max_seq, self.kv_blocks, self.deterministic)
@@ -161,6 +163,8 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
     check_tokenizer(loaded.tokenizer_json, loaded.config.vocab_size, model)
     if loaded.synthetic_seed is None:
         check_finite(loaded.weights, model)
+    if copts.quant.rotate:
+        loaded = _rotated(loaded, progress)
     held_out = _held_out(loaded, opts) if opts.quality_tokens and loaded.synthetic_seed is None else None
     compiled: dict[str, tuple[list[str], bytes]] = {}  # arch -> (kernels, binary) compiled ahead
     if loaded.synthetic_seed is not None:
@@ -245,6 +249,18 @@ def compile_loaded(loaded: LoadedModel, copts: CompileOptions, check_ir: bool = 
     shift = models.get(loaded.config.architecture).residual_shift
     return run_passes(module, shared_passes(copts, loaded.config.moe is not None, shift), check=check_ir,
                       progress=progress)
+
+
+def _rotated(loaded: LoadedModel, progress: Progress) -> LoadedModel:
+    """``loaded`` with its weights turned by ``quant.rotation`` (a traced family with real weights only)."""
+    if loaded.synthetic_seed is not None:
+        raise BuildOptionError("--rotate turns real weights; a --synthetic-weights build has none (drop --rotate)")
+    if loaded.module is not None:
+        raise BuildOptionError(f"--rotate turns the weights of a traced family; this {loaded.source_format} graph "
+                               "keeps its own (drop --rotate, or build the Hugging Face folder or GGUF)")
+    progress("rotating the residual stream and the attention values")
+    config, weights = rotation.rotated(loaded.config, loaded.weights)
+    return replace(loaded, config=config, weights=weights)
 
 
 def _carries_all(loaded: LoadedModel, recipe: QuantRecipe) -> bool:

@@ -50,6 +50,7 @@ class QuantRecipe:
     embeddings: WeightFormat = WeightFormat.F16  # the token embedding table: f16, q8 or q4 (round to nearest)
     fine: tuple[str, ...] = ()           # mixed: kinds of FINE_KINDS stored, in every block, ...
     fine_group_size: int = 64            # ... in groups of this many inputs, whatever ``group_size`` says
+    rotate: bool = False                 # turn the residual stream and the heads' values first (rotation.py)
 
     def __post_init__(self) -> None:
         if self.weight_format not in (WeightFormat.F16, WeightFormat.Q4):
@@ -81,6 +82,9 @@ class QuantRecipe:
         if not 0 <= self.fp16_residual <= MAX_RESIDUAL:
             raise BuildOptionError(f"--fp16-residual {self.fp16_residual:.4g} is outside [0, {MAX_RESIDUAL:.0%}]; "
                                    "use a small fraction of the weights such as 0.5% (0 turns it off)")
+        if self.rotate and self.weight_format is not WeightFormat.Q4:
+            raise BuildOptionError(f"--rotate spreads outliers for int4 weights but quantization '{self.name}' "
+                                   "stores none; choose an int4 recipe")
         if self.fp16_residual and WeightFormat.Q4 not in (self.weight_format, self.lm_head):
             raise BuildOptionError(f"--fp16-residual corrects int4 weights but quantization '{self.name}' stores "
                                    "none; choose an int4 recipe or --lm-head int4")
@@ -114,6 +118,8 @@ class QuantRecipe:
             parts.append(f"fp16 residual {self.fp16_residual:.3g}")
         if self.fine:
             parts.append(f"{'/'.join(self.fine)} in groups of {self.fine_group_size}")
+        if self.rotate:
+            parts.append("rotated")
         return ", ".join(parts)
 
     def uncalibrated(self) -> "QuantRecipe":
@@ -126,7 +132,8 @@ class QuantRecipe:
                 "clip_search": self.clip_search, "damp": self.damp, "lm_head": self.lm_head.value,
                 "embeddings": self.embeddings.value,
                 **({"fp16_residual": self.fp16_residual} if self.fp16_residual else {}),  # absent when off: same bytes as before
-                **({"fine": list(self.fine), "fine_group_size": self.fine_group_size} if self.fine else {})}
+                **({"fine": list(self.fine), "fine_group_size": self.fine_group_size} if self.fine else {}),
+                **({"rotate": True} if self.rotate else {})}
 
 
 _A = dict(weight_format=WeightFormat.Q4, symmetric=False, rounding=Rounding.GPTQ, act_order=True, clip_search=True)

@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 . .venv/bin/activate
-python -m pytest -q "$@"
+python -m pytest -q --durations=40 "$@"   # the slowest 40: what to trim when CI nears its limit

@@ -32,21 +32,22 @@ from grokc.compiler.quality import combine, position_stats, reference_logits, re
 from grokc.compiler.text import eval_texts
 from grokc.core import tensors as names
 from grokc.quant.recipe import QUANT
+from grokc.quant.rotation import rotated
 from grokc.quant.weights import dequantized_weight
 
 _OVERRIDES = {"res": lambda v: {"fp16_residual": float(v)}, "damp": lambda v: {"damp": float(v)},
-              "down": lambda v: {"fine": ("ffn_down",), "fine_group_size": int(v)}}
+              "down": lambda v: {"fine": ("ffn_down",), "fine_group_size": int(v)}, "rot": lambda v: {"rotate": True}}
 
 
 def recipe_of(spec: str):
     """``NAME`` of the QUANT registry, with ``+resF`` for ``--fp16-residual F``, ``+dampF`` for GPTQ's
-    damping F and ``+downG`` for ffn_down in groups of G (a mixed recipe)."""
+    damping F, ``+downG`` for ffn_down in groups of G (a mixed recipe) and ``+rot`` for ``--rotate``."""
     name, *extra = spec.split("+")
     recipe = QUANT[name]
     for part in extra:
         key = next((k for k in _OVERRIDES if part.startswith(k)), None)
         if key is None:
-            raise SystemExit(f"{spec}: unknown override {part!r}; use +resF, +dampF or +downG")
+            raise SystemExit(f"{spec}: unknown override {part!r}; use +resF, +dampF, +downG or +rot")
         recipe = replace(recipe, **_OVERRIDES[key](part.removeprefix(key)))
     return recipe
 
@@ -64,21 +65,26 @@ def main() -> None:
     args.cache = args.cache or Path(f"/tmp/grokc-sweep-hessians-{args.calib_samples}.npz")
     torch.set_num_threads(2)
     t0 = time.time()
-    loaded = load_model(args.model)
-    shared = None   # --sequential: each recipe calibrates on its own below
-    if not args.sequential and args.cache.exists():
-        shared = dict(np.load(args.cache))
-    elif not args.sequential:
-        opts = CalibrationOptions(samples=args.calib_samples, sequential=False)
-        shared = dict(calibrate(loaded, QUANT["int4"], opts).hessians)
-        np.savez(args.cache, **shared)
+    plain = load_model(args.model)
+    shared: dict[bool, dict] = {}   # rotated or not -> statistics shared by the recipes (not --sequential)
     texts = eval_texts()
-    wins = report_windows(loaded.tokenizer_json, texts, args.tokens, args.context)
-    ref = reference_model(loaded.config, loaded.weights)
+    wins = report_windows(plain.tokenizer_json, texts, args.tokens, args.context)
+    ref = reference_model(plain.config, plain.weights)
     ref_logits = {t.name: [reference_logits(ref, w) for w in wins[t.name]] for t in texts}
     for spec in args.recipes:
         recipe, t1 = recipe_of(spec), time.time()
-        hess = shared or dict(calibrate(loaded, recipe, CalibrationOptions(samples=args.calib_samples)).hessians)
+        loaded = replace(plain, **dict(zip(("config", "weights"), rotated(plain.config, plain.weights)))) \
+            if recipe.rotate else plain
+        cache = args.cache.with_name(args.cache.stem + ("-rot" if recipe.rotate else "") + args.cache.suffix)
+        if args.sequential:
+            hess = dict(calibrate(loaded, recipe, CalibrationOptions(samples=args.calib_samples)).hessians)
+        elif recipe.rotate not in shared:
+            if not cache.exists():
+                opts = CalibrationOptions(samples=args.calib_samples, sequential=False)
+                np.savez(cache, **calibrate(loaded, replace(QUANT["int4"], rotate=recipe.rotate), opts).hessians)
+            hess = shared[recipe.rotate] = dict(np.load(cache))
+        else:
+            hess = shared[recipe.rotate]
         linears = [k for k in loaded.weights if names.input_key(k) in hess and k != names.LM_HEAD]
         weights = {k: (dequantized_weight(np.asarray(v, np.float32), recipe.for_weight(k), hess[names.input_key(k)])
                        if k in linears else v) for k, v in loaded.weights.items()}
