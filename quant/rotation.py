@@ -91,31 +91,34 @@ def rotated(config: ModelConfig, weights: Mapping[str, np.ndarray], seed: int = 
         raise BuildOptionError(f"--rotate cannot turn {why}; build it without --rotate")
     q = orthogonal(config.hidden_size, seed)
     p = orthogonal(config.head_dim, seed + 1)
-    w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
     out = dict(weights)
+
+    def f64(key: str) -> np.ndarray:   # one tensor at a time: never the whole model in float64
+        return np.asarray(weights[key], np.float64)
 
     def put(key: str, value: np.ndarray) -> None:
         out[key] = np.ascontiguousarray(value, dtype=np.float32)
 
-    embd = w[names.name(T.TOKEN_EMBD)]
-    head = w.get(names.LM_HEAD, embd) * w[names.name(T.OUTPUT_NORM)][None, :]
-    put(names.name(T.TOKEN_EMBD), embd @ q)
+    d, heads, kv, hidden = config.head_dim, config.num_heads, config.num_kv_heads, config.hidden_size
+    embd = names.name(T.TOKEN_EMBD)
+    head = f64(names.LM_HEAD if names.LM_HEAD in weights else embd) * f64(names.name(T.OUTPUT_NORM))[None, :]
     put(names.LM_HEAD, head @ q)
-    put(names.name(T.OUTPUT_NORM), np.ones(config.hidden_size))
-    d, heads, kv = config.head_dim, config.num_heads, config.num_kv_heads
+    put(embd, f64(embd) @ q)
+    put(names.name(T.OUTPUT_NORM), np.ones(hidden))
     for i in range(config.num_layers):
         for norm, linears in _READS.items():
-            gamma = w[names.name(norm, i)]
+            gamma = f64(names.name(norm, i))
             for kind in linears:
-                put(names.name(kind, i), (w[names.name(kind, i)] * gamma[None, :]) @ q)
-            put(names.name(norm, i), np.ones(config.hidden_size))
-        v_key, o_key = names.name(T.ATTN_V, i), names.name(T.ATTN_OUTPUT, i)
-        v = np.asarray(out[v_key], np.float64).reshape(kv, d, -1)
-        put(v_key, np.einsum("ed,hek->hdk", p, v).reshape(kv * d, -1))   # each head's rows: Pᵀ W_v
+                turned = (f64(names.name(kind, i)) * gamma[None, :]) @ q
+                if kind is T.ATTN_V:   # each head's rows: Pᵀ W_v
+                    turned = np.einsum("ed,hek->hdk", p, turned.reshape(kv, d, -1)).reshape(kv * d, -1)
+                put(names.name(kind, i), turned)
+            put(names.name(norm, i), np.ones(hidden))
         bias = names.name(T.ATTN_V, i, "bias")
-        if bias in w:
-            put(bias, (w[bias].reshape(kv, d) @ p).reshape(-1))
-        o = w[o_key].reshape(config.hidden_size, heads, d) @ p             # each head's columns: W_o P
-        put(o_key, q.T @ o.reshape(config.hidden_size, heads * d))
-        put(names.name(T.FFN_DOWN, i), q.T @ w[names.name(T.FFN_DOWN, i)])
+        if bias in weights:
+            put(bias, (f64(bias).reshape(kv, d) @ p).reshape(-1))
+        o_key = names.name(T.ATTN_OUTPUT, i)
+        o = f64(o_key).reshape(hidden, heads, d) @ p                      # each head's columns: W_o P
+        put(o_key, q.T @ o.reshape(hidden, heads * d))
+        put(names.name(T.FFN_DOWN, i), q.T @ f64(names.name(T.FFN_DOWN, i)))
     return replace(config, tie_word_embeddings=False), out

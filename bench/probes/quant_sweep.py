@@ -52,6 +52,15 @@ def recipe_of(spec: str):
     return recipe
 
 
+def _shared_statistics(loaded, args, rotate: bool) -> dict:
+    """The unquantized model's statistics (not sequential), cached in ``--cache`` (``-rot`` for rotated)."""
+    cache = args.cache.with_name(args.cache.stem + ("-rot" if rotate else "") + args.cache.suffix)
+    if not cache.exists():
+        opts = CalibrationOptions(samples=args.calib_samples, sequential=False)
+        np.savez(cache, **calibrate(loaded, QUANT["int4"], opts).hessians)
+    return dict(np.load(cache))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", type=Path)
@@ -66,24 +75,22 @@ def main() -> None:
     torch.set_num_threads(2)
     t0 = time.time()
     plain = load_model(args.model)
-    shared: dict[bool, dict] = {}   # rotated or not -> statistics shared by the recipes (not --sequential)
     texts = eval_texts()
     wins = report_windows(plain.tokenizer_json, texts, args.tokens, args.context)
     ref = reference_model(plain.config, plain.weights)
     ref_logits = {t.name: [reference_logits(ref, w) for w in wins[t.name]] for t in texts}
+    models, shared = {False: plain}, {}   # rotated or not -> the model, the statistics its recipes share
     for spec in args.recipes:
         recipe, t1 = recipe_of(spec), time.time()
-        loaded = replace(plain, **dict(zip(("config", "weights"), rotated(plain.config, plain.weights)))) \
-            if recipe.rotate else plain
-        cache = args.cache.with_name(args.cache.stem + ("-rot" if recipe.rotate else "") + args.cache.suffix)
+        if recipe.rotate not in models:
+            config, turned = rotated(plain.config, plain.weights)
+            models[True] = replace(plain, config=config, weights=turned)
+        loaded = models[recipe.rotate]
         if args.sequential:
             hess = dict(calibrate(loaded, recipe, CalibrationOptions(samples=args.calib_samples)).hessians)
-        elif recipe.rotate not in shared:
-            if not cache.exists():
-                opts = CalibrationOptions(samples=args.calib_samples, sequential=False)
-                np.savez(cache, **calibrate(loaded, replace(QUANT["int4"], rotate=recipe.rotate), opts).hessians)
-            hess = shared[recipe.rotate] = dict(np.load(cache))
         else:
+            if recipe.rotate not in shared:
+                shared[recipe.rotate] = _shared_statistics(loaded, args, recipe.rotate)
             hess = shared[recipe.rotate]
         linears = [k for k in loaded.weights if names.input_key(k) in hess and k != names.LM_HEAD]
         weights = {k: (dequantized_weight(np.asarray(v, np.float32), recipe.for_weight(k), hess[names.input_key(k)])
