@@ -142,6 +142,7 @@ QUANT: dict[str, QuantRecipe] = {
     "int4-g128": QuantRecipe("int4-g128", **_A, group_size=128),
     "int4-g64": QuantRecipe("int4-g64", **_A, group_size=64),
     "int4-mixed": QuantRecipe("int4-mixed", **_A, fine=(names.Tensor.FFN_DOWN.value,)),
+    "int4-rot": QuantRecipe("int4-rot", **_A, rotate=True),
     "int4-rtn": QuantRecipe("int4-rtn", WeightFormat.Q4),
     "int4-g64-rtn": QuantRecipe("int4-g64-rtn", WeightFormat.Q4, group_size=64, symmetric=False),
     "fp16": QuantRecipe("fp16", WeightFormat.F16),
