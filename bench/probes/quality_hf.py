@@ -12,7 +12,11 @@ calibration) and each ``--text`` file, ``--tokens`` tokens of each in windows of
 spread evenly over the text. Also reported per artifact and text: top-1 agreement of its next-token
 argmax with the reference's and the mean KL(reference || artifact); per artifact, the worst text
 and the largest relative (Frobenius) error of one of its weight matrices against the reference's
-(f16 rounding gives ~2e-4; a q/k/v or gate/up split out of transformers' row order gives ~1).
+(f16 rounding gives ~2e-4; a q/k/v or gate/up split out of transformers' row order gives ~1). A
+rotated artifact (``--rotate``, ``int4-rot``) stores weights transformers runs as they are (norms of
+weight 1, an untied head: the rotation is folded exactly, so they compute the reference's logits up
+to quantization); its tensors differ from the reference's by the turn, so the check reported is the
+embedding table's row norms, which the turn keeps.
 grokc's own code is used only to read the artifact's files and the shipped texts.
 
     python bench/probes/quality_hf.py dist/int4 dist/int4-rtn ... --model SmolLM2-135M-Instruct.Q4_1.gguf \
@@ -132,6 +136,25 @@ def artifact_state(path: Path, cfg) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in out.items()}
 
 
+def _rotated(path: Path) -> bool:
+    """True when the artifact's weights were turned before quantizing (``--rotate``, ``int4-rot``)."""
+    return bool(open_artifact(path).manifest.quant.recipe.get("rotate"))
+
+
+def _weight_error(state: dict[str, torch.Tensor], ref_state: dict[str, torch.Tensor], rotated: bool) -> dict:
+    """The largest relative (Frobenius) error of one stored matrix against the reference's; for a rotated
+    artifact, whose every tensor is the reference's turned (``E Q``, ``W diag(g) Q``, ``Qᵀ W``), compared
+    with what the turn keeps instead: the embedding table's row norms (``|E_i Q| = |E_i|``). The perplexity
+    needs no un-rotation: the stored (rotated) weights compute the reference's logits up to quantization."""
+    if rotated:
+        norms = [t["model.embed_tokens.weight"].double().norm(dim=1) for t in (state, ref_state)]
+        return {"rotated": True, "embedding_row_norm_rel_err": float(f"{float((norms[0] - norms[1]).norm() / norms[1].norm()):.3g}")}
+    ref_w = {k: ref_state.get(k, ref_state["model.embed_tokens.weight"]) for k in state}   # a tied head
+    err = {k: float((v - ref_w[k]).norm() / ref_w[k].norm()) for k, v in state.items()}
+    worst = max(err, key=err.get)
+    return {"max_rel_err": float(f"{err[worst]:.3g}"), "tensor": worst}
+
+
 def spread(ids: list[int], tokens: int, context: int) -> list[list[int]]:
     """``tokens // context`` windows of ``context`` ids, the first at the start, the last at the end."""
     starts = np.linspace(0, len(ids) - context, tokens // context).round().astype(int)
@@ -191,15 +214,12 @@ def main() -> None:
     for path in args.artifacts:
         model = copy.deepcopy(ref)
         state = artifact_state(path, ref.config)
-        ref_w = {k: ref_state.get(k, ref_state["model.embed_tokens.weight"]) for k in state}   # a tied head
-        err = {k: float((v - ref_w[k]).norm() / ref_w[k].norm()) for k, v in state.items()}
-        worst = max(err, key=err.get)
+        result.setdefault("weights", {})[path.name] = _weight_error(state, ref_state, _rotated(path))
         # A tied head quantized on its own (--lm-head int4) must not overwrite the shared embedding.
         model.lm_head.weight = torch.nn.Parameter(state.pop("lm_head.weight"), requires_grad=False)
         keys = model.load_state_dict(state, strict=False)
         assert not keys.unexpected_keys and set(keys.missing_keys) <= {"lm_head.weight"}, keys
         models[path.name] = model
-        result.setdefault("weights", {})[path.name] = {"max_rel_err": float(f"{err[worst]:.3g}"), "tensor": worst}
     increase: dict[str, dict[str, float]] = {path.name: {} for path in args.artifacts}
     for name, w in wins.items():
         m = evaluate(models, w)
