@@ -93,6 +93,8 @@ GEMM_SHAPES = [
     Shape("gemm_gate_up_q4", 512, 8192, 2048, act="silu_mul", norm=True),
     Shape("gemm_down_q4", 512, 2048, 8192, residual=True),
     Shape("gemm_qkv_q4_L2048", 2048, 3072, 2048, norm=True),
+    Shape("gemm_gate_up_q4_L128", 128, 8192, 2048, act="silu_mul", norm=True),  # where wgmma starts to pay
+    Shape("gemm_down_q4_L128", 128, 2048, 8192, residual=True),
 ]
 
 # GEMV tilings swept at M = 1: (KS, RG, U, minblocks).
@@ -152,7 +154,7 @@ def wgmma_variants(s: Shape) -> list[Wgmma]:
     if s.kernel_wf() not in WGMMA_FORMATS:
         return []
     act = "silu" if s.act == "silu_mul" else "none"
-    vs = [Wgmma(s.kernel_wf(), act, s.out, bm, bn, st) for bm, bn in ((128, 256), (128, 128), (64, 128)) for st in (4, 6)]
+    vs = [Wgmma(s.kernel_wf(), act, s.out, bm, bn, st) for bm, bn in ((128, 256), (128, 128), (64, 256), (64, 128)) for st in (4, 6)]
     return [v for v in vs if v.smem() <= TARGET.smem_per_block]
 
 

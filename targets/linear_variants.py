@@ -192,7 +192,7 @@ class Wgmma:
     act: str
     out: str
     bm: int      # rows of x per block: 64 per warpgroup
-    bn: int      # weight rows per block (gate and up halves when gated): 128 per wgmma
+    bn: int      # weight rows per block (gate and up halves when gated): one wgmma's N
     stages: int  # cp.async stages, STAGES - 2 tiles in flight
 
     @property
@@ -213,8 +213,8 @@ class Wgmma:
     def smem(self) -> int:
         """Dynamic shared memory, exactly as linear_wgmma.cuh lays it out (1024 of it for alignment)."""
         w_raw = self.bn * 128 if self.wf == "f16" else self.bn * 32
-        conv = 2 * self.bn * 128 if self.wf == "q4" else 0
-        return 1024 + self.stages * (self.bm * 128 + w_raw + 128 + 24) + conv + self.bm * 4
+        conv = 3 * self.bn * 128 if self.wf == "q4" else 0
+        return 1024 + self.stages * (self.bm * 128 + w_raw + 128 + 16) + conv + self.bm * 4
 
     def source(self) -> str:
         return (f'extern "C" __global__ void {_bounds(self.threads, 1)} {self.symbol}(GROKC_LINEAR_PARAMS) '

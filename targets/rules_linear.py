@@ -13,7 +13,7 @@ gemv2 family, the first):
   block tile ``BM x BN``, ``WM x WN`` warps, ``ST`` cp.async stages.
 - ``wgmma`` (sm_90a, ``Feature.WGMMA``; tried before ``gemm``): prefill, ``M >= WGMMA_MIN_M``, f16
   and per-channel int4 weights (``kernels/linear_wgmma.cuh``): warpgroup MMA from 128-byte-swizzled
-  shared memory, int4 converted to f16 there by a producer warpgroup. Symbol ``linear_wgmma_<wf>_<act>_<out>_m<BM>n<BN>s<ST>``:
+  shared memory, int4 converted to f16 there by the consumer warpgroups. Symbol ``linear_wgmma_<wf>_<act>_<out>_m<BM>n<BN>s<ST>``:
   ``BM / 64`` consumer warpgroups, ``BN`` weight rows, ``ST`` cp.async stages. Every act, out dtype, norm,
   zeros, residual, addend and bias; grouped int4, int8 and f32 inputs stay with ``gemm`` / ``ref``.
 - ``ref``: anything else (odd K, odd group size). One thread per output, fp32

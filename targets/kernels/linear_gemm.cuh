@@ -235,37 +235,13 @@ __device__ __forceinline__ void linear_gemm_body(GROKC_LINEAR_PARAMS, int block_
     }
 
     // ---- epilogue straight from the accumulators -------------------------------------------------
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int rl = wm * TM + mt * 16 + g + 8 * h;
-            const int m = m0 + rl;
-            if (m >= M) continue;
-            const float rs = has_norm ? rstd[rl] : 1.f;
-#pragma unroll
-            for (int nt = 0; nt < (ACT != NONE ? NTL / 2 : NTL); ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int w = nt * 8 + 2 * q + e;  // column within the warp tile
-                    float gate = acc[mt][nt][2 * h + e], up = 0.f;
-                    int n;
-                    if (ACT == NONE) {
-                        n = blockIdx.x * BN + wn * TN + w;
-                        if (n >= N) continue;
-                        if (WF == Q4) gate *= __half2float(scales[n]);
-                    } else {
-                        n = blockIdx.x * (BN / 2) + wn * (TN / 2) + w;
-                        if (n >= N) continue;
-                        up = acc[mt][nt + NTL / 2][2 * h + e];
-                        if (WF == Q4) {
-                            gate *= __half2float(scales[n]);
-                            up *= __half2float(scales[N + n]);
-                        }
-                    }
-                    finish<ACT, OUT_F32>(out, residual, addend, bias, m, n, N, gate * rs, up * rs);
-                }
-        }
+    constexpr int NTQ = ACT != NONE ? NTL / 2 : NTL;  // n tiles of outputs (gated: the gate half)
+    const int n0 = (ACT != NONE ? blockIdx.x * (BN / 2) + wn * (TN / 2) : blockIdx.x * BN + wn * TN) + 2 * q;
+    finish_pairs<ACT, OUT_F32, WF == Q4, MT * 2 * NTQ>(out, residual, addend, bias, scales, M, N, [&](int p) {
+        const int mt = p / (2 * NTQ), h = (p / NTQ) % 2, nt = p % NTQ, rl = wm * TM + mt * 16 + g + 8 * h;
+        return OutPair{m0 + rl, n0 + nt * 8, has_norm ? rstd[rl] : 1.f, acc[mt][nt] + 2 * h,
+                       acc[mt][nt + (ACT != NONE ? NTL / 2 : 0)] + 2 * h};
+    });
 }
 
 template <int WF, int ACT, bool OUT_F32, int BM, int BN, int WM, int WN, int STAGES>

@@ -60,8 +60,8 @@ def smem_gemm(v) -> int:
 def smem_wgmma(v) -> int:
     x_tile = v.bm * 64 * 2                                    # BK = 64 halves: one 128-byte row per x row
     w_tile = v.bn * 64 * 2 if v.wf == "f16" else v.bn * 64 // 2
-    conv = 2 * v.bn * 64 * 2 if v.wf == "q4" else 0           # two f16 weight tiles (int4 converted)
-    bars = 3 * 8                                              # mbarriers full, ready, empty per stage
+    conv = 3 * v.bn * 64 * 2 if v.wf == "q4" else 0           # three f16 weight tiles (int4 converted)
+    bars = 2 * 8                                              # mbarriers full, empty per stage
     return 1024 + v.stages * (x_tile + w_tile + 64 * 2 + bars) + conv + v.bm * 4  # 1024: alignment; rstd [BM]
 
 
