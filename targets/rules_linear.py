@@ -56,7 +56,9 @@ HEADERS: tuple[str, ...] = (
 GEMV_MAX_M = 16
 # rows of x from which sm_90a runs the wgmma family: on the H200 its prefill graphs took 6.50 / 35.2 ms
 # against linear_gemm's 7.65 / 45.6 at 512 tokens (Llama-1B / 8B shapes), but 3.95 / 15.70 against
-# 3.17 / 15.27 at 128 (bench/results/2026-12-02c-*); its tiles reach 64 rows
+# 3.17 / 15.27 at 128 (bench/results/2026-12-02c-*; the kernel before its 2026-12-03 rework, which at
+# M = 128 ran gate_up in 37 us against gemm's 61 but down in 85 against 56: not yet rerun on whole
+# graphs); its tiles reach 64 rows
 WGMMA_MIN_M = 512
 
 
