@@ -126,7 +126,7 @@ __device__ __forceinline__ void finish_pairs(void* out, const __half* residual, 
             const OutPair o = pair_at(p);
 #pragma unroll
             for (int e = 0; e < 2; ++e)
-                if (o.m < M && o.n + e < N) o.gate[e] += __half2float(residual[static_cast<size_t>(o.m) * N + o.n + e]);
+                if (o.m < M && o.n + e < N) o.gate[e] += residual_at<0>(residual, static_cast<size_t>(o.m) * N + o.n + e);
         }
     }
 #pragma unroll
