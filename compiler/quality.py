@@ -146,12 +146,12 @@ def metrics(ref: list[np.ndarray], art: list[np.ndarray], wins: list[list[int]])
 
 
 def position_stats(ref: np.ndarray, art: np.ndarray, window: list[int]) -> dict[str, np.ndarray]:
-    """Per predicted position of one window: both NLLs, top-1 agreement and KL(ref || art)."""
-    targets = np.asarray(window[1:])
-    lr, la = _log_softmax(ref[:-1]), _log_softmax(art[:-1])
-    rows = np.arange(len(targets))
-    return {"nll_ref": -lr[rows, targets], "nll_art": -la[rows, targets],
-            "agree": ref[:-1].argmax(-1) == art[:-1].argmax(-1), "kl": (np.exp(lr) * (lr - la)).sum(-1)}
+    """Per predicted position of one window: both NLLs, top-1 agreement and KL(ref || art) (float64)."""
+    targets = torch.as_tensor(np.asarray(window[1:], np.int64))
+    lr, la = (torch.log_softmax(torch.from_numpy(x[:-1]).double(), -1) for x in (ref, art))   # [T-1, V]
+    rows = torch.arange(len(targets))
+    return {"nll_ref": -lr[rows, targets].numpy(), "nll_art": -la[rows, targets].numpy(),
+            "agree": ref[:-1].argmax(-1) == art[:-1].argmax(-1), "kl": (lr.exp() * (lr - la)).sum(-1).numpy()}
 
 
 def combine(stats: list[dict[str, np.ndarray]]) -> dict:
@@ -167,12 +167,6 @@ def combine(stats: list[dict[str, np.ndarray]]) -> dict:
         "top1_agreement": float(cat["agree"].mean()),
         "kl_mean": float(cat["kl"].mean()),
     }
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x = x - x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
 def report_windows(tokenizer_json: str, texts: list[Text], tokens: int, context: int) -> dict[str, list[list[int]]]:

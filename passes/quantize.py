@@ -65,7 +65,7 @@ from grokc.core.rowwise import as_f16
 from grokc.passes import sparse_residual
 from grokc.passes._graph import rebuild_graph, rebuild_module
 from grokc.quant import carried as carried_grids
-from grokc.quant.calibration import Calibration
+from grokc.quant.calibration import Calibration, weight_key
 from grokc.quant.recipe import QuantRecipe
 from grokc.quant.rtn import int8_rtn
 from grokc.quant.weights import pack_int4, quantize_embedding, quantize_weight
@@ -145,7 +145,8 @@ def _quantize_linear(n: Node, module: Module, is_head: bool, recipe: QuantRecipe
         return _with_codes(n, out, base, fmt, grid.group_size, {"qweight": pack_int4(codes), "scales": scales,
                                                                "zeros": zeros})
     h = calibration.hessian(names.LM_HEAD if is_head else names.input_key(wname), w.shape[1]) if recipe.calibrated else None
-    codes, scales, zeros, residual = quantize_weight(w, recipe, h)
+    done = calibration.quantized.get(weight_key(w, recipe.to_json(), h)) if h is not None and calibration.quantized else None
+    codes, scales, zeros, residual = done or quantize_weight(w, recipe, h)   # done: sequential calibration's own
     stored = {"qweight": pack_int4(codes), "scales": scales, "zeros": zeros,
               **dict(zip(sparse_residual.ROLES, residual or (None,) * len(sparse_residual.ROLES)))}
     return _with_codes(n, out, base, fmt, recipe.group_size, stored)

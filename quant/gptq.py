@@ -6,8 +6,10 @@ calibrate.py``), column by column, minimising the output error ``||X (W - Q)^T||
 than ``||W - Q||^2`` (Frantar et al. 2022, "GPTQ"): after column ``j`` is rounded, its error,
 scaled by the inverse Hessian, is subtracted from the columns after it. Numerics follow the
 paper's reference code: a damped Hessian (``damp`` times its mean diagonal added to the
-diagonal), the upper Cholesky factor ``U`` of its inverse, per-column updates inside blocks of
-``block`` columns and one matrix product per block for the rest ("lazy batch updates").
+diagonal), the upper Cholesky factor ``U`` of its inverse, blocks of ``block`` columns and one
+matrix product per block for the rest ("lazy batch updates"). Inside a block a column takes the
+errors of the block's columns before it when it is reached (one matrix-vector product), not as
+each of them is rounded.
 
 The result has exactly the form of ``rounding.quantize_rtn``'s ``(codes, scales, zeros)``: the
 same grid (``rounding.rtn_grid``), the same code rule (``rounding.rtn_codes``), f16 scales,
@@ -48,7 +50,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grokc.quant.rtn import int4_nearest, rtn_codes, rtn_grid
+from grokc.quant.rtn import grid_of_range, int4_nearest, rtn_codes, rtn_grid, rtn_range
 
 CLIP_GRID = tuple(1.0 - 0.025 * i for i in range(21))  # 1.0 .. 0.5: scale shrink ratios tried by clip_search
 
@@ -135,16 +137,22 @@ def _loop(wt: np.ndarray, st: np.ndarray, zt: np.ndarray | None, u: np.ndarray, 
     corr = np.zeros((k, n), np.float16)
     for b0 in range(0, k, block):
         b1 = min(b0 + block, k)
-        cols = wt[b0:b1]                                        # [B, N] view, updated in place
+        cols = wt[b0:b1]                                        # [B, N] view
         errs = np.zeros_like(cols)                              # [B, N]
+        done = 0                                                # errs[:done] are subtracted from cols[done:]
         for i in range(b1 - b0):
             j = b0 + i
             g = group_of[j]
             if not static and j % gs == 0:                      # first column of a group: set its grid
+                if i > done:                                    # from its columns as updated so far
+                    cols[i:] -= u[b0 + done:j, j:b1].T @ errs[done:i]
+                    done = i
                 s, z = _grid(cols[i:i + gs].T, 0, symmetric, 1.0)
                 st[g] = s[:, 0]
                 if zt is not None:
                     zt[g] = z[:, 0]
+            elif i > done:   # the errors of the block's columns before this one, one matrix-vector product
+                cols[i] -= u[b0 + done:j, j] @ errs[done:i]
             c = rtn_codes(cols[i], st[g], None if zt is None else zt[g])    # [N]
             codes[j] = c
             q = (c - (np.float32(8) if zt is None else zt[g])) * st[g]      # what the kernel will see
@@ -156,7 +164,6 @@ def _loop(wt: np.ndarray, st: np.ndarray, zt: np.ndarray | None, u: np.ndarray, 
             errs[i] = (cols[i] - q) / u[j, j]
             if score:
                 loss[j] = np.abs(errs[i])
-            cols[i + 1:] -= np.outer(u[j, j + 1:b1], errs[i])
         wt[b1:] -= u[b0:b1, b1:].T @ errs                       # the lazy update of later blocks
     return codes, st, zt, loss, corr
 
@@ -178,8 +185,9 @@ def _clip_ratios(w: np.ndarray, importance: np.ndarray, group_size: int, symmetr
     best = np.full((n, g), np.inf, np.float32)
     ratio = np.ones((n, g), np.float32)
     diff = np.empty_like(blocks)
+    span = rtn_range(w32, group_size, symmetric)
     for r in CLIP_GRID:
-        s, z = rtn_grid(w32, group_size, symmetric, np.float32(r))       # [N, G]
+        s, z = grid_of_range(span, symmetric, np.float32(r))             # [N, G]
         q = int4_nearest(blocks, s[..., None], None if z is None else z[..., None], out=diff)
         np.subtract(blocks, q, out=diff)
         err = np.einsum("ngk,gk->ng", np.square(diff, out=diff), weight)   # [N, G]

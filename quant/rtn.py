@@ -42,7 +42,12 @@ def rtn_grid(w: np.ndarray, group_size: int, symmetric: bool,
     ``bits = 8``: the same with 127 (code 128 is zero) and 255 steps (every zero-point in
     ``[0, 255]`` is exact in f16).
     """
-    half, steps = _levels(bits)
+    return grid_of_range(rtn_range(w, group_size, symmetric), symmetric, clip, bits)
+
+
+def rtn_range(w: np.ndarray, group_size: int, symmetric: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """What ``rtn_grid`` reads of ``w`` f32 ``[N, K]``, per row and group (f32 ``[N, G]``): symmetric,
+    ``(absmax, None)``; asymmetric, ``(min(w, 0), max(w, 0))``."""
     n, k = w.shape
     gs = group_size or k
     g = -(-k // gs)
@@ -50,12 +55,19 @@ def rtn_grid(w: np.ndarray, group_size: int, symmetric: bool,
     blocks = padded.reshape(n, g, gs)                       # [N, G, gs]
     valid = (np.arange(g * gs) < k).reshape(g, gs)          # [G, gs]
     big = np.float32(np.finfo(np.float32).max)
+    if symmetric:
+        return np.where(valid, np.abs(blocks), 0).max(-1), None           # [N, G]
+    return (np.minimum(np.where(valid, blocks, big).min(-1), 0), np.maximum(np.where(valid, blocks, -big).max(-1), 0))
+
+
+def grid_of_range(span: tuple[np.ndarray, np.ndarray | None], symmetric: bool, clip: float | np.ndarray = 1.0,
+                  bits: int = 4) -> tuple[np.ndarray, np.ndarray | None]:
+    """``rtn_grid``'s ``(scales, zeros)`` from ``rtn_range``'s ``span`` (a clip search computes the span once)."""
+    half, steps = _levels(bits)
     clip = np.float32(clip) if np.isscalar(clip) else np.asarray(clip, np.float32)
     if symmetric:
-        absmax = np.where(valid, np.abs(blocks), 0).max(-1)             # [N, G]
-        return _f16_scale(clip * absmax / (half - 1)), None
-    lo = clip * np.minimum(np.where(valid, blocks, big).min(-1), 0)
-    hi = clip * np.maximum(np.where(valid, blocks, -big).max(-1), 0)
+        return _f16_scale(clip * span[0] / (half - 1)), None
+    lo, hi = clip * span[0], clip * span[1]
     scales = _f16_scale((hi - lo) / steps)
     return scales, np.clip(np.rint(-lo / scales), 0, steps).astype(np.float32)
 

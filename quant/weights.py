@@ -42,7 +42,12 @@ def quantize_weight(w: np.ndarray, recipe: QuantRecipe, hessian: np.ndarray | No
 
 def dequantized_weight(w: np.ndarray, recipe: QuantRecipe, hessian: np.ndarray | None = None) -> np.ndarray:
     """f32 ``[N, K]``: ``w`` as the kernels will see it after ``quantize_weight`` (fp16 residual included)."""
-    codes, scales, zeros, csr = quantize_weight(w, recipe, hessian)
+    return dequantize_weight(quantize_weight(w, recipe, hessian), recipe)
+
+
+def dequantize_weight(stored: tuple, recipe: QuantRecipe) -> np.ndarray:
+    """f32 ``[N, K]`` of ``quantize_weight``'s ``(codes, scales, zeros, residual)`` by ``recipe``."""
+    codes, scales, zeros, csr = stored
     wq = int4.dequantize(int4.pack(codes), scales, zeros, recipe.group_size)
     return wq if csr is None else residual.scatter(wq, *csr)
 

@@ -128,25 +128,40 @@ class Block(nn.Module):
             self.post_attention_norm = RMSNorm(h, eps)
             self.post_ffw_norm = RMSNorm(h, eps)
 
-    def forward(self, h: torch.Tensor, positions: torch.Tensor, rope: tuple) -> torch.Tensor:
-        """``h [T, H]`` at ``positions [T]``; ``rope``: the rope op's arguments after ``head_dim``."""
+    # The block in the stages calibration runs one at a time over all its windows (``compiler/calibrate.py``
+    # quantizes the linears each stage's output feeds before the next stage); ``forward`` composes them.
+
+    def attention_mix(self, x: torch.Tensor, positions: torch.Tensor, rope: tuple) -> torch.Tensor:
+        """The attention's values mixed by head, ``[T, NH*D]`` (``attn_output``'s input), of the normed ``x [T, H]``."""
         cfg = self.cfg
-        x = self.attn_norm(h)                                                          # [T, H]
         q, k, v = self.attn_q(x), self.attn_k(x), self.attn_v(x)                       # [T, NH*D], [T, NKV*D] x 2
         if cfg.qk_norm:
             q, k = self.attn_q_norm(q), self.attn_k_norm(k)
         q = torch.ops.grokc.rope(q, positions, rope[0], cfg.head_dim, *rope[1:])
         k = torch.ops.grokc.rope(k, positions, rope[0], cfg.head_dim, *rope[1:])
-        a = torch.ops.grokc.attention(q, k, v, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attn_scale,
-                                      self.window, cfg.attn_softcap)                   # [T, NH*D]
+        return torch.ops.grokc.attention(q, k, v, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attn_scale,
+                                         self.window, cfg.attn_softcap)                # [T, NH*D]
+
+    def attention_out(self, h: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """``h [T, H]`` plus the attention's output projection of ``a`` (post-normed when the family has post norms)."""
         o = self.attn_output(a)
-        h = h + (self.post_attention_norm(o) if cfg.post_norms else o)
+        return h + (self.post_attention_norm(o) if self.cfg.post_norms else o)
+
+    def ffn_mix(self, x: torch.Tensor) -> torch.Tensor:
+        """The gated MLP's hidden activations ``[T, I]`` (``ffn_down``'s input) of the normed ``x [T, H]``."""
+        return _ACT[self.cfg.activation](self.ffn_gate(x)) * self.ffn_up(x)
+
+    def ffn_out(self, h: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """``h [T, H]`` plus the MLP's output ``m`` (through ``ffn_down`` first when dense)."""
+        if self.cfg.moe is None:
+            m = self.ffn_down(m)
+        return h + (self.post_ffw_norm(m) if self.cfg.post_norms else m)
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor, rope: tuple) -> torch.Tensor:
+        """``h [T, H]`` at ``positions [T]``; ``rope``: the rope op's arguments after ``head_dim``."""
+        h = self.attention_out(h, self.attention_mix(self.attn_norm(h), positions, rope))
         x = self.ffn_norm(h)
-        if cfg.moe is not None:
-            m = moe.ffn(self, x, cfg)
-        else:
-            m = self.ffn_down(_ACT[cfg.activation](self.ffn_gate(x)) * self.ffn_up(x))
-        return h + (self.post_ffw_norm(m) if cfg.post_norms else m)
+        return self.ffn_out(h, moe.ffn(self, x, self.cfg) if self.cfg.moe is not None else self.ffn_mix(x))
 
 
 class Transformer(nn.Module):
