@@ -96,6 +96,7 @@ class Scheduler:
         self.load_error: GrokcError | None = None
         self.context: Context | None = None
         self.stopping = False
+        self.drain_deadline: float | None = None   # set by drain: what is in flight fails once it passes
         self.cond = threading.Condition()
         self.queue: deque[Ticket] = deque()
         self.running: dict[int, Ticket] = {}
@@ -129,11 +130,14 @@ class Scheduler:
                 "failed": error(503, "engine_failed", "the engine failed and this server serves no more requests; "
                                 "restart it")}.get(self.state) or error(503, "unavailable", "the server is not ready")
 
-    def drain(self) -> None:
-        """Stop admission (new requests get 503); what is queued or running goes on."""
+    def drain(self, timeout_s: float) -> None:
+        """Stop admission (new requests get 503); what is queued or running goes on for ``timeout_s``
+        seconds more, then fails with 503 ``shutting_down`` (checked before every decode step)."""
         with self.cond:
             if self.state in ("loading", "ready"):
                 self.state = "draining"
+            if self.drain_deadline is None:
+                self.drain_deadline = time.monotonic() + timeout_s
             self.cond.notify()
 
     def idle(self) -> bool:
@@ -212,7 +216,8 @@ class Scheduler:
         with self.cond:
             while not self.queue and not self.running and not self.stopping:
                 self.cond.wait()
-            return not self.stopping
+            drained = self.drain_deadline is not None and time.monotonic() > self.drain_deadline
+            return not self.stopping and not drained
 
     def _step(self) -> None:
         now = time.monotonic()

@@ -10,7 +10,6 @@ answers 503 ``loading``. The first SIGTERM (or SIGINT) starts the drain: new req
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,20 +54,19 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, scheduler: Scheduler, drain_timeout_s: float):
         super().__init__(config)
         self.scheduler, self.drain_timeout_s = scheduler, drain_timeout_s
-        self.drain_deadline: float | None = None
+        self.draining = False
 
     def handle_exit(self, sig: int, frame: object) -> None:
-        if self.drain_deadline is None:
-            self.drain_deadline = time.monotonic() + self.drain_timeout_s
-            self.scheduler.drain()
+        if not self.draining:
+            self.draining = True
+            self.scheduler.drain(self.drain_timeout_s)   # past the timeout it fails what still runs
         else:                       # a second signal: stop now
             self.should_exit = self.force_exit = True
 
     async def on_tick(self, counter: int) -> bool:
         s = self.scheduler
-        if s.load_error is not None or (self.drain_deadline is not None and (
-                s.idle() or time.monotonic() > self.drain_deadline)):
-            s.stop(wait=False)      # what still runs fails with 503 shutting_down; uvicorn sends that, then exits
+        if s.load_error is not None or (self.draining and s.idle()):
+            s.stop(wait=False)      # uvicorn sends what the handlers still hold (503 shutting_down), then exits
             self.should_exit = True
         return await super().on_tick(counter)
 

@@ -53,7 +53,7 @@ def test_sigterm_drains_what_is_in_flight_and_exits_0(start_server, tiny_serving
 
 
 def test_sigterm_times_out_what_runs_past_the_drain_timeout(start_server, tiny_serving_artifact):
-    server = start_server(tiny_serving_artifact, "--model-name", MODEL, "--drain-timeout", "0.1")
+    server = start_server(tiny_serving_artifact, "--model-name", MODEL, "--drain-timeout", "0.001")
     stream = stream_first_chunk(server, {**OK, "max_tokens": 120})
     server.proc.send_signal(signal.SIGTERM)
     events = read_all(stream)
