@@ -138,7 +138,7 @@ def build(
     lm_head: Optional[str] = typer.Option(None, "--lm-head", help="LM head weights: fp16 (default), int8 (round to nearest, one scale per output channel, --symmetric/--asymmetric apply; half the bytes a decode step reads for it) or int4 (the recipe's rounding; a quarter)."),
     embeddings: Optional[str] = typer.Option(None, "--embeddings", help="Token embedding table: fp16 (default), int8 (symmetric, one scale per row) or int4 (round to nearest per row, or per --group-size group when it divides the hidden size; --symmetric/--asymmetric apply); a tied fp16 LM head keeps its own fp16 copy."),
     fp16_residual: Optional[str] = typer.Option(None, "--fp16-residual", help="Keep this fraction of each int4 weight's entries, those the int4 grid serves worst, as exact f16 corrections beside the codes, e.g. 0.5% (or 0.005); off by default."),
-    rotate: bool = typer.Option(False, "--rotate", help="int4 recipes: turn the residual stream and each head's values by seeded Hadamard rotations before quantizing (the same logits; outliers spread over all inputs, which per-channel int4 serves better); a tied LM head gets its own fp16 copy. Families without post-norms, not MoE."),
+    rotate: Optional[bool] = typer.Option(None, "--rotate/--no-rotate", help="int4 recipes: turn the residual stream and each head's values by seeded Hadamard rotations before quantizing (the same logits; outliers spread over all inputs, which per-channel int4 serves better); a tied LM head gets its own copy (int8 in the default int4, else fp16 unless --lm-head). Families without post-norms, not MoE. Default: the recipe's (int4 rotates where the model allows it, saying so where not; int4-norot never; int4-rot always)."),
     calib_samples: int = typer.Option(32, "--calib-samples", help="Calibrated recipes: windows of calibration text, dealt out evenly over its sources (the shipped mix of seven genres, or each --calib-text)."),
     calib_text: List[Path] = typer.Option([], "--calib-text", help="Calibrated recipes: calibrate on this UTF-8 file, or every file under this folder, instead of the shipped mix; repeat for several sources."),
     calib_tokens: int = typer.Option(512, "--calib-tokens", help="Calibrated recipes: tokens per calibration window."),
@@ -176,7 +176,7 @@ def build(
     if "--seed" in given and not synthetic_weights:
         raise GrokcError("--seed seeds --synthetic-weights; drop it or add --synthetic-weights")
     opts = BuildOptions(archs=tuple(arch), quant=quant, group_size=group_size, symmetric=symmetric, lm_head=lm_head,
-                        embeddings=embeddings, rotate=True if rotate else None,
+                        embeddings=embeddings, rotate=rotate,
                         fp16_residual=None if fp16_residual is None else _fraction(fp16_residual, "--fp16-residual"),
                         batch=batch, buckets=_csv_ints(buckets, "--buckets"), max_seq=max_seq, kv_blocks=kv_blocks,
                         deterministic=deterministic, kernels=kernels,

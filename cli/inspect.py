@@ -49,7 +49,8 @@ def render(info: dict) -> str:
         f"{'symmetric' if q['symmetric'] else 'asymmetric'}, {q.get('rounding', 'rtn')}; LM head "
         f"{q.get('lm_head', 'f16')}, embeddings {q.get('embeddings', 'f16')}, norms f16"
         + (f"; fp16 residual {q['fp16_residual']:.3g} of the int4 weights" if q.get("fp16_residual") else "")
-        + ("; rotated (quant/rotation.py)" if q.get("rotate") else ""),
+        + ("; rotated (quant/rotation.py)" if q.get("rotate") else "")
+        + (f"; not rotated: {q['not_rotated']}" if q.get("not_rotated") else ""),
         *(_quality_lines(q["quality"]) if "genres" in q.get("quality", {}) else []),
         f"shapes   batch {s['batch']}, buckets {s['buckets']}, max_seq {s['max_seq']}, "
         f"KV {s['kv_blocks']} blocks x {s['kv_block_size']} tokens",

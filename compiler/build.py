@@ -102,8 +102,15 @@ class BuildOptions:
                 raise BuildOptionError(f"unknown {option} '{value}'; choose one of: {', '.join(_WEIGHT_FORMATS)}")
         overrides = {"group_size": self.group_size, "symmetric": self.symmetric,
                      "lm_head": _WEIGHT_FORMATS.get(self.lm_head), "fp16_residual": self.fp16_residual,
-                     "embeddings": _WEIGHT_FORMATS.get(self.embeddings), "rotate": self.rotate}
-        recipe = replace(QUANT[self.quant], **{k: v for k, v in overrides.items() if v is not None})
+                     "embeddings": _WEIGHT_FORMATS.get(self.embeddings)}
+        preset = QUANT[self.quant]
+        rotation = {}
+        if self.rotate is not None:   # --rotate / --no-rotate: as told (--rotate refuses a model it cannot turn)
+            rotation = dict(rotate=self.rotate, rotate_where_supported=False,
+                            rotated_tied_head=preset.rotated_tied_head if self.rotate else None)
+        if self.lm_head is not None:  # --lm-head: every head, rotated or not
+            rotation["rotated_tied_head"] = None
+        recipe = replace(preset, **{k: v for k, v in overrides.items() if v is not None}, **rotation)
         _refuse_unused(self, recipe)
         shapes = StaticShapes(self.batch, tuple(self.buckets), self.max_seq, self.kv_blocks, self.deterministic)
         return CompileOptions(shapes, recipe)
@@ -163,6 +170,10 @@ def build_loaded(loaded: LoadedModel, out: str | Path, opts: BuildOptions, progr
     check_tokenizer(loaded.tokenizer_json, loaded.config.vocab_size, model)
     if loaded.synthetic_seed is None:
         check_finite(loaded.weights, model)
+    copts = replace(copts, quant=copts.quant.for_model(_rotation_refusal(loaded), loaded.config.tie_word_embeddings))
+    if copts.quant.not_rotated:
+        progress(f"note: --quant {copts.quant.name} rotates where the model allows it; not rotated: "
+                 f"{copts.quant.not_rotated}")
     if copts.quant.rotate:
         loaded = _rotated(loaded, progress)
     held_out = _held_out(loaded, opts) if opts.quality_tokens and loaded.synthetic_seed is None else None
@@ -251,13 +262,21 @@ def compile_loaded(loaded: LoadedModel, copts: CompileOptions, check_ir: bool = 
                       progress=progress)
 
 
-def _rotated(loaded: LoadedModel, progress: Progress) -> LoadedModel:
-    """``loaded`` with its weights turned by ``quant.rotation`` (a traced family with real weights only)."""
+def _rotation_refusal(loaded: LoadedModel) -> str | None:
+    """Why ``loaded`` cannot be rotated (``_rotated`` refuses it), or None."""
     if loaded.synthetic_seed is not None:
-        raise BuildOptionError("--rotate turns real weights; a --synthetic-weights build has none (drop --rotate)")
+        return "a --synthetic-weights build (no real weights to turn)"
     if loaded.module is not None:
-        raise BuildOptionError(f"--rotate turns the weights of a traced family; this {loaded.source_format} graph "
-                               "keeps its own (drop --rotate, or build the Hugging Face folder or GGUF)")
+        return f"a {loaded.source_format} graph (it keeps its own weights; build the Hugging Face folder or GGUF)"
+    return rotation.refusal(loaded.config)
+
+
+def _rotated(loaded: LoadedModel, progress: Progress) -> LoadedModel:
+    """``loaded`` with its weights turned by ``quant.rotation``; refuses what ``_rotation_refusal`` names."""
+    why = _rotation_refusal(loaded)
+    if why is not None:
+        raise BuildOptionError(f"the rotation (--rotate, --quant int4-rot) cannot turn {why}; drop --rotate "
+                               "(the default --quant int4 quantizes it unrotated)")
     progress("rotating the residual stream and the attention values")
     config, weights = rotation.rotated(loaded.config, loaded.weights)
     return replace(loaded, config=config, weights=weights)

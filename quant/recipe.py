@@ -51,6 +51,9 @@ class QuantRecipe:
     fine: tuple[str, ...] = ()           # mixed: kinds of FINE_KINDS stored, in every block, ...
     fine_group_size: int = 64            # ... in groups of this many inputs, whatever ``group_size`` says
     rotate: bool = False                 # turn the residual stream and the heads' values first (rotation.py)
+    rotate_where_supported: bool = False  # with rotate: a model rotation refuses is quantized unrotated, not refused
+    rotated_tied_head: WeightFormat | None = None  # with rotate: a tied LM head's own copy in this format (None: lm_head)
+    not_rotated: str = ""                # why a recipe rotating where supported did not rotate this model (for_model)
 
     def __post_init__(self) -> None:
         if self.weight_format not in (WeightFormat.F16, WeightFormat.Q4):
@@ -85,6 +88,11 @@ class QuantRecipe:
         if self.rotate and self.weight_format is not WeightFormat.Q4:
             raise BuildOptionError(f"--rotate spreads outliers for int4 weights but quantization '{self.name}' "
                                    "stores none; choose an int4 recipe")
+        if (self.rotate_where_supported or self.rotated_tied_head is not None) and not self.rotate:
+            raise BuildOptionError(f"quantization '{self.name}': rotate_where_supported and rotated_tied_head "
+                                   "need rotate")
+        if self.rotated_tied_head not in (None, WeightFormat.F16, WeightFormat.Q8, WeightFormat.Q4):
+            raise BuildOptionError(f"quantization '{self.name}': rotated_tied_head must be f16, q8 or q4")
         if self.fp16_residual and WeightFormat.Q4 not in (self.weight_format, self.lm_head):
             raise BuildOptionError(f"--fp16-residual corrects int4 weights but quantization '{self.name}' stores "
                                    "none; choose an int4 recipe or --lm-head int4")
@@ -96,6 +104,20 @@ class QuantRecipe:
         if parsed is None or parsed[1] is None or parsed[0].value not in self.fine:
             return self
         return replace(self, group_size=self.fine_group_size, fine=())
+
+    def for_model(self, refusal: str | None, tied: bool) -> "QuantRecipe":
+        """The recipe as one model gets it: ``refusal`` says why the model cannot be rotated (None: it
+        can), ``tied`` whether its LM head reads the embedding table. A recipe rotating where supported
+        leaves a refusing model unrotated and says why (``not_rotated``); a rotated tied head gets
+        ``rotated_tied_head``'s format. The result has both options settled (the manifest records
+        what was done); a recipe that must rotate is returned for the build to refuse the model."""
+        if self.rotate and self.rotate_where_supported and refusal is not None:
+            return replace(self, rotate=False, rotate_where_supported=False, rotated_tied_head=None,
+                           not_rotated=refusal)
+        if not self.rotate:
+            return self
+        head = self.rotated_tied_head if tied and self.rotated_tied_head is not None else self.lm_head
+        return replace(self, lm_head=head, rotate_where_supported=False, rotated_tied_head=None)
 
     @property
     def calibrated(self) -> bool:
@@ -119,7 +141,11 @@ class QuantRecipe:
         if self.fine:
             parts.append(f"{'/'.join(self.fine)} in groups of {self.fine_group_size}")
         if self.rotate:
-            parts.append("rotated")
+            parts.append("rotated where supported" if self.rotate_where_supported else "rotated")
+        if self.rotated_tied_head is not None:
+            parts.append(f"a rotated tied LM head in {_FORMAT_NAMES[self.rotated_tied_head]}")
+        if self.not_rotated:
+            parts.append(f"not rotated: {self.not_rotated}")
         return ", ".join(parts)
 
     def uncalibrated(self) -> "QuantRecipe":
@@ -133,12 +159,21 @@ class QuantRecipe:
                 "embeddings": self.embeddings.value,
                 **({"fp16_residual": self.fp16_residual} if self.fp16_residual else {}),  # absent when off: same bytes as before
                 **({"fine": list(self.fine), "fine_group_size": self.fine_group_size} if self.fine else {}),
-                **({"rotate": True} if self.rotate else {})}
+                **({"rotate": True} if self.rotate else {}),
+                **({"rotate_where_supported": True} if self.rotate_where_supported else {}),
+                **({"rotated_tied_head": self.rotated_tied_head.value} if self.rotated_tied_head is not None else {}),
+                **({"not_rotated": self.not_rotated} if self.not_rotated else {})}
+
+
+_FORMAT_NAMES = {WeightFormat.F16: "fp16", WeightFormat.Q8: "int8", WeightFormat.Q4: "int4"}
 
 
 _A = dict(weight_format=WeightFormat.Q4, symmetric=False, rounding=Rounding.GPTQ, act_order=True, clip_search=True)
+# The default: rotated where the model allows it (the rest unrotated, the manifest saying why), a tied
+# LM head's own copy then int8 (SmolLM2: worst held-out genre +26.7 % unrotated, README's quality table).
 QUANT: dict[str, QuantRecipe] = {
-    "int4": QuantRecipe("int4", **_A),
+    "int4": QuantRecipe("int4", **_A, rotate=True, rotate_where_supported=True, rotated_tied_head=WeightFormat.Q8),
+    "int4-norot": QuantRecipe("int4-norot", **_A),
     "int4-g128": QuantRecipe("int4-g128", **_A, group_size=128),
     "int4-g64": QuantRecipe("int4-g64", **_A, group_size=64),
     "int4-mixed": QuantRecipe("int4-mixed", **_A, fine=(names.Tensor.FFN_DOWN.value,)),

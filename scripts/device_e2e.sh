@@ -4,7 +4,7 @@
 # chunks of at most 56 MiB, one chunk a call, in calls made while the machine stays warm (files
 # outside the checkout, under /tmp/stage, survive between such calls).
 #
-#   here:                scripts/device_e2e.sh pack        # .carry/e2e_<model>_<i> and .carry/whl (git-excluded)
+#   here:                scripts/device_e2e.sh pack        # .carry/e2e_<model>_<i> and .carry/whl (git-excluded; gguf, starlette, uvicorn)
 #   device, each call:   scripts/device_e2e.sh stage       # carry one .carry/e2e_* chunk (beside other work)
 #   device, last call:   scripts/device_e2e.sh run         # carry .carry/whl (and the last chunk); logs under $OUT
 #
@@ -39,7 +39,9 @@ case "${1:-}" in
       done
       echo "$model: $n chunks, sha256 ${sum:0:16}"
     done
-    python3 -m pip download -q --no-deps --only-binary=:all: -d .carry/whl "gguf==$(python3 -c 'import importlib.metadata as m; print(m.version("gguf"))')"
+    # what the device's python lacks: gguf (the e2e builds), starlette and uvicorn (tests/gpu/test_gpu_serve.py)
+    python3 -m pip download -q --no-deps --only-binary=:all: -d .carry/whl $(python3 -c 'import importlib.metadata as m
+print(" ".join(f"{d}=={m.version(d)}" for d in ("gguf", "starlette", "uvicorn")))')
     ;;
   stage)
     mkdir -p "$STAGE"

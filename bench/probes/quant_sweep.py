@@ -57,7 +57,7 @@ def _shared_statistics(loaded, args, rotate: bool) -> dict:
     cache = args.cache.with_name(args.cache.stem + ("-rot" if rotate else "") + args.cache.suffix)
     if not cache.exists():
         opts = CalibrationOptions(samples=args.calib_samples, sequential=False)
-        np.savez(cache, **calibrate(loaded, QUANT["int4"], opts).hessians)
+        np.savez(cache, **calibrate(loaded, QUANT["int4-norot"], opts).hessians)
     return dict(np.load(cache))
 
 

@@ -8,7 +8,7 @@ must agree to 2e-2 of their RMS at every position.
 import numpy as np
 import pytest
 
-from grokc.abi import int4
+from grokc.abi import int4, int8
 from grokc.compiler.quality import reference_logits, reference_model
 from grokc.runner import Runner, SamplingParams
 
@@ -48,8 +48,12 @@ def stored_weights(runner: Runner, loaded, residual: bool = True) -> dict[str, n
             out[canon] = gu[: c.intermediate_size] if kind == "ffn_gate" else gu[c.intermediate_size:]
         else:
             out[canon] = dense(canon.removesuffix(".weight"))
-    if "output.qweight" in art:                  # an int4 LM head of its own (tied in the source)
+    if "output.qweight" in art:                  # an LM head of its own (tied in the source, or rotated): int4 ...
         out["output.weight"] = dense("output")
+    if "output.q8weight" in art:                 # ... or int8 (the default int4's rotated tied head)
+        zeros = art.get("output.zeros")
+        out["output.weight"] = int8.dequantize(np.asarray(art["output.q8weight"]), np.asarray(art["output.scales"]),
+                                               None if zeros is None else np.asarray(zeros), 0)
     return out
 
 

@@ -84,3 +84,15 @@ def test_what_cannot_be_rotated_is_refused(tiny_family, tmp_path, family, quant,
     with pytest.raises(BuildOptionError, match=match):
         build(tiny_family(family).hf, tmp_path / "a", BuildOptions(quant=quant, rotate=True, **BUILD))
     assert not (tmp_path / "a").exists()
+
+
+def test_the_default_int4_leaves_a_model_it_cannot_turn_unrotated_and_says_why(tiny_family, tmp_path):
+    from grokc.compiler.calibrate import CalibrationOptions
+
+    said: list[str] = []
+    calib = CalibrationOptions(samples=2, tokens=32, sequential=False)
+    manifest = build(tiny_family("gemma3").hf, tmp_path / "a", BuildOptions(calibration=calib, **BUILD), said.append)
+    r = manifest.quant.recipe
+    assert r["name"] == "int4" and "rotate" not in r and "norms after the attention" in r["not_rotated"]
+    assert r["lm_head"] == "f16" and manifest.model.tie_word_embeddings
+    assert any(s.startswith("note: --quant int4 rotates where the model allows it; not rotated: a gemma3") for s in said)
