@@ -44,7 +44,7 @@ from grokc.core.errors import BuildOptionError, QualityError
 from grokc.core.ir import Module, WeightFormat
 from grokc.passes.static_shapes import StaticShapes
 from grokc.quant import rotation
-from grokc.quant.recipe import QUANT, QuantRecipe
+from grokc.quant.recipe import QUANT, WEIGHT_FORMATS, QuantRecipe
 from grokc.targets import Target, build_kernels, get_target
 from grokc.targets.rules_tvm import KERNELS_CHOICES
 
@@ -98,11 +98,11 @@ class BuildOptions:
         if self.quant not in QUANT:
             raise BuildOptionError(f"unknown --quant '{self.quant}'; choose one of: {', '.join(QUANT)}")
         for option, value in (("--lm-head", self.lm_head), ("--embeddings", self.embeddings)):
-            if value not in (None, *_WEIGHT_FORMATS):
-                raise BuildOptionError(f"unknown {option} '{value}'; choose one of: {', '.join(_WEIGHT_FORMATS)}")
+            if value not in (None, *WEIGHT_FORMATS):
+                raise BuildOptionError(f"unknown {option} '{value}'; choose one of: {', '.join(WEIGHT_FORMATS)}")
         overrides = {"group_size": self.group_size, "symmetric": self.symmetric,
-                     "lm_head": _WEIGHT_FORMATS.get(self.lm_head), "fp16_residual": self.fp16_residual,
-                     "embeddings": _WEIGHT_FORMATS.get(self.embeddings)}
+                     "lm_head": WEIGHT_FORMATS.get(self.lm_head), "fp16_residual": self.fp16_residual,
+                     "embeddings": WEIGHT_FORMATS.get(self.embeddings)}
         preset = QUANT[self.quant]
         rotation = {}
         if self.rotate is not None:   # --rotate / --no-rotate: as told (--rotate refuses a model it cannot turn)
@@ -121,10 +121,6 @@ class BuildOptions:
         ``--kernels`` preference."""
         return [replace(get_target(a), deterministic=self.deterministic, kernels=self.kernels)
                 for a in dict.fromkeys(self.archs)]
-
-
-# --lm-head and --embeddings: the formats either may take
-_WEIGHT_FORMATS = {"fp16": WeightFormat.F16, "int8": WeightFormat.Q8, "int4": WeightFormat.Q4}
 
 
 def _refuse_unused(opts: BuildOptions, recipe: QuantRecipe) -> None:

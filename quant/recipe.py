@@ -91,7 +91,7 @@ class QuantRecipe:
         if (self.rotate_where_supported or self.rotated_tied_head is not None) and not self.rotate:
             raise BuildOptionError(f"quantization '{self.name}': rotate_where_supported and rotated_tied_head "
                                    "need rotate")
-        if self.rotated_tied_head not in (None, WeightFormat.F16, WeightFormat.Q8, WeightFormat.Q4):
+        if self.rotated_tied_head is not None and self.rotated_tied_head not in _FORMAT_NAMES:
             raise BuildOptionError(f"quantization '{self.name}': rotated_tied_head must be f16, q8 or q4")
         if self.fp16_residual and WeightFormat.Q4 not in (self.weight_format, self.lm_head):
             raise BuildOptionError(f"--fp16-residual corrects int4 weights but quantization '{self.name}' stores "
@@ -165,7 +165,9 @@ class QuantRecipe:
                 **({"not_rotated": self.not_rotated} if self.not_rotated else {})}
 
 
-_FORMAT_NAMES = {WeightFormat.F16: "fp16", WeightFormat.Q8: "int8", WeightFormat.Q4: "int4"}
+# The weight formats --lm-head, --embeddings and rotated_tied_head may take, by their option names
+WEIGHT_FORMATS = {"fp16": WeightFormat.F16, "int8": WeightFormat.Q8, "int4": WeightFormat.Q4}
+_FORMAT_NAMES = {f: name for name, f in WEIGHT_FORMATS.items()}
 
 
 _A = dict(weight_format=WeightFormat.Q4, symmetric=False, rounding=Rounding.GPTQ, act_order=True, clip_search=True)
