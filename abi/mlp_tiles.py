@@ -69,7 +69,7 @@ def _order(words: np.ndarray, part: Part) -> np.ndarray:
 
 
 def pack(packed: np.ndarray, part: Part, hidden: int, inter: int) -> np.ndarray:
-    """u8 ``[rows * cols / 2]``: the q4 weight ``packed`` (u8 ``[rows, cols / 2]``, artifacts/int4.py)
+    """u8 ``[rows * cols / 2]``: the q4 weight ``packed`` (u8 ``[rows, cols / 2]``, abi/int4.py)
     in ``part``'s layout."""
     rows = unit_rows(part, hidden, inter)
     n, k = shape(part, hidden, inter)
@@ -85,7 +85,7 @@ def pack(packed: np.ndarray, part: Part, hidden: int, inter: int) -> np.ndarray:
 
 
 def unpack(tiles: np.ndarray, part: Part, hidden: int, inter: int) -> np.ndarray:
-    """Inverse of :func:`pack`: u8 ``[rows, cols / 2]`` in artifacts/int4.py's layout."""
+    """Inverse of :func:`pack`: u8 ``[rows, cols / 2]`` in abi/int4.py's layout."""
     rows = unit_rows(part, hidden, inter)
     n, k = shape(part, hidden, inter)
     ordered = np.ascontiguousarray(tiles).reshape(-1).view("<u4")

@@ -22,8 +22,8 @@ Semantics (fp16 storage, fp32 arithmetic unless stated):
   product in f32 rounded to f16 once (``scale == 1``: the row as is); a token outside
   ``[0, vocab)`` gives a zero row. The table ``T [vocab, hidden]`` by ``attrs["weight_format"]``:
   - ``"f16"``: ``table`` f16 ``[vocab, hidden]``; ``scales`` and ``zeros`` null.
-  - ``"q8"``: ``table`` u8 ``[vocab, hidden]``, one code per byte (``artifacts/int8.py``). ``"q4"``: ``table`` u8
-    ``[vocab, hidden/2]`` packed as ``artifacts/int4.py`` says (``hidden % 8 == 0``). Both:
+  - ``"q8"``: ``table`` u8 ``[vocab, hidden]``, one code per byte (``abi/int8.py``). ``"q4"``: ``table`` u8
+    ``[vocab, hidden/2]`` packed as ``abi/int4.py`` says (``hidden % 8 == 0``). Both:
     ``scales`` f16 ``[vocab, G]``, ``zeros`` f16 ``[vocab, G]`` or null (null means the symmetric
     code: 128 for q8, 8 for q4), ``G = ceil(hidden / gs)`` with ``gs = group_size`` (0 or a multiple
     of 8) or ``hidden`` when ``group_size == 0``:
@@ -37,11 +37,11 @@ Semantics (fp16 storage, fp32 arithmetic unless stated):
   - prologue: when ``norm`` is not null, each row is RMS-normalised:
     ``x_i * rsqrt(mean(x_i**2) + eps) * norm`` (``norm`` f16 ``[K]``).
   - ``W`` by ``attrs["weight_format"]``: ``"f16"``: ``weight`` f16 ``[NW, K]``, ``scales`` and
-    ``zeros`` null. ``"q4"``: ``weight`` u8 ``[NW, K/2]`` packed as ``artifacts/int4.py`` says,
+    ``zeros`` null. ``"q4"``: ``weight`` u8 ``[NW, K/2]`` packed as ``abi/int4.py`` says,
     ``scales`` f16 ``[NW, G]``, ``zeros`` f16 ``[NW, G]`` or null (null means the symmetric code
     8), ``G = ceil(K / gs)`` with ``gs = group_size`` or ``K`` when ``group_size == 0``:
     ``W[n, k] = (code[n, k] - zero[n, k // gs]) * scale[n, k // gs]``. ``"q8"``: ``weight`` u8
-    ``[NW, K]``, one code per byte (``artifacts/int8.py``), ``scales`` and ``zeros`` as for q4
+    ``[NW, K]``, one code per byte (``abi/int8.py``), ``scales`` and ``zeros`` as for q4
     (null ``zeros`` means the symmetric code 128), the same formula.
   - ``attrs["act"]``: ``"none"``: ``NW = N``. ``"silu_mul"``: ``NW = 2N``, rows ``[0, N)`` are the
     gate and ``[N, 2N)`` the up projection: ``y = silu(y[:, :N]) * y[:, N:]``. ``"gelu_tanh_mul"``:

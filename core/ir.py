@@ -88,8 +88,8 @@ class OpKind(enum.Enum):
 class WeightFormat(enum.Enum):
     F32 = "f32"  # as loaded, before quantization
     F16 = "f16"
-    Q4 = "q4"    # artifacts/int4.py layout with f16 scales (and optional f16 zeros)
-    Q8 = "q8"    # artifacts/int8.py layout (u8 codes) with f16 scales (and optional f16 zeros): embedding tables, the LM head
+    Q4 = "q4"    # abi/int4.py layout with f16 scales (and optional f16 zeros)
+    Q8 = "q8"    # abi/int8.py layout (u8 codes) with f16 scales (and optional f16 zeros): embedding tables, the LM head
 
 
 class Act(enum.Enum):

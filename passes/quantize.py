@@ -1,6 +1,6 @@
 """Weight quantization: the recipe registry and the pass that applies a recipe.
 
-What: every LINEAR weight becomes either f16 or packed int4 (``artifacts/int4.py``) with one f16
+What: every LINEAR weight becomes either f16 or packed int4 (``abi/int4.py``) with one f16
 scale per output channel (``group_size == 0``) or per group of ``group_size`` input channels,
 symmetric (code 8 is zero) or asymmetric (an f16 zero-point per scale), optionally with a sparse
 f16 residual: the ``fp16_residual`` fraction of the entries the grid serves worst, kept exact
@@ -9,7 +9,7 @@ so later columns compensate the rest: ``gptq.quantize_gptq_residual``). The code
 round-to-nearest (``rounding.py``) or from GPTQ's calibrated rounding (``gptq.py``), which needs
 the second moments of every linear's inputs (``Calibration``, measured by the driver in
 ``compiler/calibrate.py``; this pass never runs the model). The LM head (the LINEAR whose output
-is the graph's logits) is f16, int8 or int4 by ``recipe.lm_head`` (int8: ``artifacts/int8.py`` codes,
+is the graph's logits) is f16, int8 or int4 by ``recipe.lm_head`` (int8: ``abi/int8.py`` codes,
 one scale per output channel, symmetric or asymmetric like the recipe, always round-to-nearest and
 never a residual: GPTQ and ``fp16_residual`` apply to int4 weights only); the embedding table is f16, int8 or
 int4 by ``recipe.embeddings`` (``quantize_embedding``: always round-to-nearest, never a residual);

@@ -2,9 +2,9 @@
 
 Shared by ``quantize.py`` (plain round-to-nearest) and ``gptq.py`` (calibrated rounding, int4), so
 both produce the same kind of ``(codes, scales, zeros)`` for the packed layout of
-``artifacts/int4.py``: ``W[n, k] ~ (code - zero) * scale`` with f16 scales, ``zero = 8`` when
+``abi/int4.py``: ``W[n, k] ~ (code - zero) * scale`` with f16 scales, ``zero = 8`` when
 symmetric. ``int8_rtn`` is the same rule on 8 bits (codes ``[0, 256)``, ``zero = 128`` when
-symmetric, ``artifacts/int8.py``), one scale per row: embedding tables and the int8 LM head.
+symmetric, ``abi/int8.py``), one scale per row: embedding tables and the int8 LM head.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def rtn_codes(w: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None, bits:
 
 def int8_rtn(w: np.ndarray, symmetric: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Round-to-nearest int8 of ``w`` f32 ``[N, K]``, one scale per row: ``(codes u8 [N, K], scales f16
-    [N, 1], zeros f16 [N, 1] | None)`` with ``W ~ (code - zero) * scale`` (``artifacts/int8.py``).
+    [N, 1], zeros f16 [N, 1] | None)`` with ``W ~ (code - zero) * scale`` (``abi/int8.py``).
     Symmetric: ``scale = absmax / 127``, zero 128, codes in ``[1, 255]``; asymmetric: ``[min(w, 0),
     max(w, 0)]`` in 255 steps, the zero-point an integer in ``[0, 255]``."""
     return quantize_rtn(w, 0, symmetric, bits=8)

@@ -63,7 +63,7 @@ def quantize_embedding(table: np.ndarray, recipe: QuantRecipe
     (q8 or q4), as ``kernel_abi``'s ``embedding`` op reads them.
 
     q4: round-to-nearest (``quantize_rtn``), symmetric or asymmetric by the recipe, one scale per row
-    or per group (``embedding_group_size``); codes packed as ``artifacts/int4.py`` says, u8 ``[V, H/2]``.
+    or per group (``embedding_group_size``); codes packed as ``abi/int4.py`` says, u8 ``[V, H/2]``.
     q8: symmetric round-to-nearest per row (``int8_rtn``), u8 ``[V, H]`` codes with code 128 as zero;
     ``zeros`` is None and ``group_size`` 0.
     """

@@ -20,7 +20,7 @@ gemv2 family, the first):
   (``kernels/linear_ref.cuh``). Symbol ``linear_ref_<wf>_<act>_<out>``.
 
 ``wf`` is ``f16``, ``q4`` (one scale per row: ``group_size == 0`` or ``>= K``) or ``q4g``
-(groups along K), or ``q8`` (int8 codes, ``artifacts/int8.py``: gemv2 per row only, ref any group
+(groups along K), or ``q8`` (int8 codes, ``abi/int8.py``: gemv2 per row only, ref any group
 size; the gemv and gemm families do not read int8, so a q8 call past gemv2 falls back to ref);
 ``act`` is ``none``, ``silu`` (``silu_mul``) or ``gelu`` (``gelu_tanh_mul``); ``out`` is ``f16`` or ``f32``.
 A null ``bias`` is handled at run time too.

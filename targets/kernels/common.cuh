@@ -43,7 +43,7 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 __device__ __forceinline__ uint4 lds16(const void* p) { return *reinterpret_cast<const uint4*>(p); }
 __device__ __forceinline__ uint32_t lds4(const void* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-// ---- int4 -> half2 (artifacts/int4.py layout) ---------------------------------------------
+// ---- int4 -> half2 (abi/int4.py layout) ---------------------------------------------
 // A 32-bit word holds codes e0..e7 with nibble j = e0 e2 e4 e6 e1 e3 e5 e7, so
 // (w >> 4i) & 0x000F000F is the pair (e_{2i}, e_{2i+1}); OR-ing 0x64006400 makes the half2
 // (1024 + e_{2i}, 1024 + e_{2i+1}) exactly, and subtracting 1032 gives (e - 8) exactly.
@@ -76,7 +76,7 @@ __device__ __forceinline__ void mma_16816(float d[4], const uint32_t a[4], const
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// A q4 word (artifacts/int4.py's pair order) as A-fragment pairs with no arithmetic but masks: as
+// A q4 word (abi/int4.py's pair order) as A-fragment pairs with no arithmetic but masks: as
 // f16 subnormals, (w & 0x000F000F) is the codes (e0, e1) * 2^-24 exactly and (w & 0x00F000F0) is
 // (e2, e3) * 2^-20, so p[0], p[2] hold pairs 0-1 and 4-5 at scale 2^-24 and p[1], p[3] pairs 2-3
 // and 6-7 at 2^-20. Tensor cores multiply subnormals exactly; an MMA whose A registers share one

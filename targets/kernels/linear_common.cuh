@@ -9,7 +9,7 @@ namespace linear {
 
 // Weight format, as a template argument. Q4: one scale (and zero) per row (group_size == 0 or
 // >= K), applied to the finished dot product. Q4G: groups of group_size (a multiple of 32) along
-// K, scale and zero folded into the dequantised weights. Q8: int8 codes (artifacts/int8.py), one
+// K, scale and zero folded into the dequantised weights. Q8: int8 codes (abi/int8.py), one
 // byte each, any group size in linear_ref, one scale (and zero) per row in linear_gemv2; the gemv
 // and gemm families do not read it.
 enum WFormat { F16 = 0, Q4 = 1, Q4G = 2, Q8 = 3 };

@@ -14,7 +14,7 @@
 // a warp load covers 64 contiguous bytes of 8 rows. In the MMA, logical k columns (2t, 2t+1) and
 // (2t+8, 2t+9) are physical pairs of lane t's chunk: the chunk is NP = CK / 8 pieces of 8
 // consecutive k, and piece v feeds two MMAs, its pairs 0/1 then 2/3 (a_pairs: for int4 piece v is
-// word v, in the pair order artifacts/int4.py packs for the magic-number conversion; for int8 words
+// word v, in the pair order abi/int4.py packs for the magic-number conversion; for int8 words
 // 2v and 2v + 1, one code per byte; for f16 the chunk's 4 half2). B row (2t, 2t+1) of column g is
 // then x[g] at those same physical k, read from shared memory with one 16-byte load per piece.
 //
@@ -110,7 +110,7 @@ __device__ __forceinline__ uint32_t hmul2_u32(uint32_t a, uint32_t b) {
     return h2_as_u32(__hmul2(u32_as_h2(a), u32_as_h2(b)));
 }
 
-// Four half2 (e_{2i} - 8, e_{2i+1} - 8), i = 0..3, of one int4 word (artifacts/int4.py layout).
+// Four half2 (e_{2i} - 8, e_{2i+1} - 8), i = 0..3, of one int4 word (abi/int4.py layout).
 __device__ __forceinline__ void q4_pairs(uint32_t w, uint32_t p[4]) {
     const uint32_t MAGIC = 0x64006400u;
     const __half2 B_LO = u32_as_h2(0x64086408u);   // (1032, 1032)
@@ -136,7 +136,7 @@ __device__ __forceinline__ size_t weight_bytes(int k) {
     return WF == F16 ? static_cast<size_t>(k) * 2 : WF == Q8 ? static_cast<size_t>(k) : static_cast<size_t>(k) / 2;
 }
 
-// Two half2 (b0 - 128, b1 - 128) and (b2 - 128, b3 - 128) of one word of int8 codes (artifacts/int8.py:
+// Two half2 (b0 - 128, b1 - 128) and (b2 - 128, b3 - 128) of one word of int8 codes (abi/int8.py:
 // byte i is the code of k + i, so the pairs are consecutive k like f16's and int4's). prmt puts each
 // code byte under the byte 0x64, which is the f16 1024 + b exactly; one hsub2 of 1152 leaves b - 128,
 // exact (|b - 128| <= 128): 4 instructions per 4 codes.

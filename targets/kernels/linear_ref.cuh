@@ -14,8 +14,8 @@ using namespace linear;
 
 constexpr int THREADS = 128;
 
-// W[row, k] as the f32 value every kernel must see (artifacts/int4.dequantize for int4,
-// artifacts/int8.dequantize for int8).
+// W[row, k] as the f32 value every kernel must see (abi/int4.dequantize for int4,
+// abi/int8.dequantize for int8).
 template <int WF>
 __device__ __forceinline__ float weight_at(const void* weight, const __half* scales, const __half* zeros,
                                            int row, int k, int K, int group_size) {

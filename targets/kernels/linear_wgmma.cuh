@@ -11,7 +11,7 @@
 // producer warpgroup only copies: cp.async (zero-filled past M, N, K; `full` when a thread's copies
 // have landed), STAGES - 1 tiles ahead, refilling a slot once the consumers mark it `empty`. The
 // consumer warpgroups wait for `full`, convert the weight tile (int4: each 32-bit word of codes, 8 k
-// in artifacts/int4.py's pair order, becomes one 16-byte piece of f16: e - 8, minus zero - 8 where
+// in abi/int4.py's pair order, becomes one 16-byte piece of f16: e - 8, minus zero - 8 where
 // there are zeros, times norm[k] with a norm, into f16 tile kt % 3; f16 with a norm: multiplied in
 // place), meet at a named barrier, issue tile kt's wgmmas, sum squares of x meanwhile, wait for tile
 // kt - 1's (wait_group 1: the tensor cores always have a tile queued, and converting tile kt

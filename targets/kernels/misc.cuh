@@ -5,7 +5,7 @@
 //   gives a zero row. VEC = 8 copies 8 halves at a time (hidden % 8 == 0, 16-byte aligned rows);
 //   VEC = 1 is the any-width fallback. A scale other than 1 multiplies each half in f32 and rounds
 //   once (Gemma's sqrt(hidden)).
-// embedding_q4_rows<WORDS>: packed int4 table (artifacts/int4.py), one block per token; each thread
+// embedding_q4_rows<WORDS>: packed int4 table (abi/int4.py), one block per token; each thread
 //   step reads WORDS 32-bit words (WORDS = 4: one 16-byte load, hidden % 32 == 0; WORDS = 1:
 //   hidden % 8 == 0) and writes 8 halves per word with one 16-byte store.
 // embedding_q8_rows<VEC>: u8 codes, one block per token; VEC = 8 reads 8 codes (8 bytes) and writes

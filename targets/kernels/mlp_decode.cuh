@@ -261,7 +261,7 @@ __device__ __forceinline__ void mlp_decode(float* acc, float* clear, const half*
 }
 
 // `pack_mlp_tiles` (kernel_abi; layouts in artifacts/mlp_tiles.py): one thread a u32 word of `out`,
-// gathering its 8 codes from the row-major q4 weight (artifacts/int4.py: code e of a run of 8 lies in
+// gathering its 8 codes from the row-major q4 weight (abi/int4.py: code e of a run of 8 lies in
 // nibble (e >> 1) + 4 (e & 1)). Runs once, in the init graph.
 __device__ __forceinline__ void pack_mlp_tiles(uint8_t* out, const uint8_t* weight, int part, int hidden, int inter) {
   const bool gate_up = part == 0;

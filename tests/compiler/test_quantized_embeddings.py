@@ -3,7 +3,7 @@ dequantized table; a tied f16 head keeps the f16 table; synthetic builds; inspec
 reads; determinism.
 
 The reference dequantizes the stored codes here, with its own unpacking (the nibble order of
-``artifacts/int4.py``'s docstring), and feeds them to grokc's torch model in f32; logits must agree to
+``abi/int4.py``'s docstring), and feeds them to grokc's torch model in f32; logits must agree to
 ``TOL`` of their RMS (the plan's f16 activations), as in ``test_plan_vs_torch.py``.
 """
 

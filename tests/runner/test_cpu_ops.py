@@ -60,7 +60,7 @@ WEIGHTS = {  # id: (weight_format, group_size, K, zeros given)
     "q8-channel-zeros-K48": ("q8", 0, 48, True),
     "q8-g32-K80": ("q8", 32, 80, True),   # groups: the ABI allows them (only the LM head is q8, per channel)
 }
-# q8: one code per byte, code 128 is zero unless zeros are given (artifacts/int8.py); numpy reads it here.
+# q8: one code per byte, code 128 is zero unless zeros are given (abi/int8.py); numpy reads it here.
 _Q = {"q4": dict(symmetric=8.0, zeros=(5, 11), scales=(0.01, 0.05)),
       "q8": dict(symmetric=128.0, zeros=(100, 156), scales=(0.0006, 0.003))}
 
