@@ -13,7 +13,7 @@ each of them is rounded.
 
 The result has exactly the form of ``rounding.quantize_rtn``'s ``(codes, scales, zeros)``: the
 same grid (``rounding.rtn_grid``), the same code rule (``rounding.rtn_codes``), f16 scales,
-so the kernels read it unchanged (``artifacts/int4.py``).
+so the kernels read it unchanged (``abi/int4.py``).
 
 Grid choices:
 - per output channel (``group_size == 0``): one scale (and zero) per row, fixed before the
