@@ -253,11 +253,23 @@ def rule_gemm(call: KernelCall, target: Target) -> KernelChoice | None:
 _WGMMA_TILES = ((128, 256), (128, 128), (64, 128))  # (BM, BN), largest first
 
 
+WGMMA_STAGES_64 = 4  # stages of a 64-row wgmma tile: two of its blocks share an SM (see wgmma_variant)
+
+
 def wgmma_variant(lin: _Linear, target: Target) -> Wgmma | None:
     """The largest tile that still gives every SM a block (else the smallest), with as many stages as
-    fit (<= 6); None when not even 3 stages of the smallest fit."""
+    fit (<= 6; a 64-row tile at most ``WGMMA_STAGES_64``); None when not even 3 stages of the
+    smallest fit.
+
+    A 64-row tile (one consumer warpgroup, 256 threads, 127 registers) at 4 stages needs 100 KB of
+    shared memory, so two of its blocks share an H200 SM; at 6 (125 KB) one. On the H200 sweep of
+    2026-12-03 (bench/results/kernels/2026-12-03-nvidia-h200-linear.json, same run) 64 x 128 at 4
+    stages ran 1.04-1.53x faster than at 6 on all six shapes (int4 up, gate_up, down and qkv,
+    f16 up, gate_up at M = 128), while 128-row tiles, one block an SM either way, ran within 1 %
+    at 4, 5 or 6."""
     def fitting(bm: int, bn: int) -> Wgmma | None:
-        return next((v for st in range(6, 2, -1) if (v := Wgmma(lin.wf, lin.act, lin.out, bm, bn, st)).smem()
+        most = WGMMA_STAGES_64 if bm == 64 else 6
+        return next((v for st in range(most, 2, -1) if (v := Wgmma(lin.wf, lin.act, lin.out, bm, bn, st)).smem()
                      <= target.smem_per_block), None)
     return _filling_tile((fitting(*tile) for tile in _WGMMA_TILES), lin, target)
 
