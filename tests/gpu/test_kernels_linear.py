@@ -251,7 +251,7 @@ GEMM_CASES = _gemm_variant_cases()
 # The wgmma family (sm_90a). Its tilings (BM, BN, stages) on odd shapes: M and N not multiples of
 # any tile, K with a partial 64-k tile (1504, 1000, 576 = 9 whole ones), every epilogue input, each
 # format and activation; (M, N, K, format, act, out, norm, residual, addend, bias).
-WGMMA_TILINGS = [(128, 256, 5), (128, 128, 6), (64, 128, 6), (128, 256, 4), (64, 256, 4), (64, 128, 3)]
+WGMMA_TILINGS = [(128, 256, 5), (128, 128, 6), (64, 128, 6), (128, 256, 4), (64, 256, 4), (64, 128, 3), (64, 128, 4)]
 WGMMA_ODD = [(100, 1000, 2048, "q4z", "none", "f32", True, True, True, False),
              (130, 300, 1504, "q4", "gelu_tanh_mul", "f16", False, True, True, True),
              (777, 600, 1000, "f16", "silu_mul", "f16", True, True, False, False),
