@@ -1,12 +1,14 @@
 """Perplexity of artifacts' weights measured by transformers, independently of grokc's model and plan.
 
-transformers' ``LlamaForCausalLM`` is loaded from the GGUF (dequantized to fp32, q/k rows
-un-permuted by transformers' own GGUF loader): the reference. For each artifact, a copy gets every
+transformers' model of the GGUF (``LlamaForCausalLM``, or ``Gemma3ForCausalLM`` for a Gemma 3
+file; dequantized to fp32, Llama's q/k rows un-permuted and Gemma's norms stored as ``1 + w`` turned
+back into ``w`` by transformers' own GGUF loader) is the reference. For each artifact, a copy gets every
 weight replaced by what the artifact stores (int4 linears dequantized from their packed codes by
-this file's own reading of the documented layout, not by grokc's ``int4.dequantize``, plus the
-``--fp16-residual`` CSR where there is one; an int8 LM head or embedding table from its one-byte
-codes, code 128 = 0 unless zero-points are stored; fused q/k/v and gate/up split back; f16 norms and
-embeddings; each int4 tensor's group size read from its scales' shape), and transformers computes
+this file's own reading of the documented layout (``abi/int4.py``, ``abi/int8.py``), not by grokc's
+``int4.dequantize``, plus the ``--fp16-residual`` CSR where there is one; an int8 LM head or
+embedding table from its one-byte codes, code 128 = 0 unless zero-points are stored; fused q/k/v and
+gate/up split back; f16 norms and embeddings; each int4 tensor's group size read from its scales'
+shape), and transformers computes
 the perplexity of both on held-out text: every evaluation genre grokc ships (none of them read by
 calibration) and each ``--text`` file, ``--tokens`` tokens of each in windows of ``--context``
 spread evenly over the text. Also reported per artifact and text: top-1 agreement of its next-token
@@ -17,10 +19,21 @@ rotated artifact (``--rotate``, ``int4-rot``) stores weights transformers runs a
 weight 1, an untied head: the rotation is folded exactly, so they compute the reference's logits up
 to quantization); its tensors differ from the reference's by the turn, so the check reported is the
 embedding table's row norms, which the turn keeps.
+
+Families (``_FAMILIES``, by the manifest's ``model.architecture``) differ only in their norms: which
+a block has and their transformers names, and how the artifact stores them. Llama stores ``w``.
+Gemma 3 stores ``1 + w`` (transformers' ``Gemma3RMSNorm`` scales by ``1 + w``) for its four block
+norms, the q/k head norms and the final norm; its residual stream is stored times ``s = 2**-k``
+(``passes/scale_residual.py``), so its post-attention and post-feedforward norms hold
+``(1 + w) * s``. ``s`` is read from the artifact's plan: its embedding launch's ``scale`` over the
+manifest's ``embedding_scale`` (``sqrt(hidden)``, which transformers applies itself); the other
+changes of that pass (the stream norms' ``eps`` times ``s**2``) are no weights. A Gemma artifact's
+embedding table is unscaled and its head tied, as transformers has them.
 grokc's own code is used only to read the artifact's files and the shipped texts.
 
     python bench/probes/quality_hf.py dist/int4 dist/int4-rtn ... --model SmolLM2-135M-Instruct.Q4_1.gguf \
         [--text /usr/share/common-licenses/GPL-3] [--tokens 8192] [--context 512]
+    python bench/probes/quality_hf.py dist/gemma-int4 --model gemma-3-270m-q4_k_m.gguf --tokens 4096
 
 Prints one JSON document: per text, the reference perplexity and each artifact's.
 """
@@ -32,6 +45,7 @@ import copy
 import hashlib
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,12 +54,33 @@ import torch
 from grokc.artifacts.store import open_artifact
 from grokc.compiler.text import eval_texts
 
-_HF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-       "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-       "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
-# Stored tensors that are not model weights (RoPE tables, the sampler's EOS ids).
-_NOT_WEIGHTS = {"rope_inv_freq", "rope_table", "sampling.eos_ids"}
-# artifacts/int4.py's layout: in each little-endian u32 word of a row, nibble j holds code _NIBBLE[j]
+# grokc's linear kinds (per block) -> transformers' modules under model.layers.<i>; every family alike.
+_LINEARS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+            "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+            "ffn_down": "mlp.down_proj"}
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one architecture's stored norms become transformers' (see the module docstring)."""
+
+    model_type: str                  # transformers' config.model_type of the reference
+    norms: dict[str, str]            # grokc's block norm kinds -> transformers' modules under model.layers.<i>
+    norm_shift: float = 0.0          # the artifact stores norm_shift + w
+    post_norms: frozenset[str] = frozenset()   # block norms adding into the residual stream: stored times s
+
+
+_FAMILIES = {
+    "llama": Family("llama", {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}),
+    "gemma3": Family("gemma3_text",
+                     {"attn_norm": "input_layernorm", "attn_q_norm": "self_attn.q_norm",
+                      "attn_k_norm": "self_attn.k_norm", "post_attention_norm": "post_attention_layernorm",
+                      "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
+                     norm_shift=1.0, post_norms=frozenset({"post_attention_norm", "post_ffw_norm"})),
+}
+# Stored tensors that are not model weights (RoPE tables, local layers' too; the sampler's EOS ids).
+_NOT_WEIGHTS = {"rope_inv_freq", "rope_table", "rope_inv_freq_local", "rope_table_local", "sampling.eos_ids"}
+# abi/int4.py's layout: in each little-endian u32 word of a row, nibble j holds code _NIBBLE[j]
 # of that word's 8 consecutive codes.
 _NIBBLE = [0, 2, 4, 6, 1, 3, 5, 7]
 
@@ -72,12 +107,34 @@ def dequantize_q8(codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray | Non
     return (np.asarray(codes, np.float32) - zero) * np.asarray(scales, np.float32)[:, col]
 
 
-def artifact_state(path: Path, cfg) -> dict[str, torch.Tensor]:
+def family(art, cfg) -> Family:
+    """The artifact's family (its manifest's architecture), checked against the reference's config."""
+    arch = art.manifest.model.architecture
+    fam = _FAMILIES.get(arch)
+    if fam is None:
+        raise SystemExit(f"{art.path}: a {arch} artifact; this script reads {', '.join(sorted(_FAMILIES))} ones")
+    if cfg.model_type != fam.model_type:
+        raise SystemExit(f"{art.path}: a {arch} artifact, but transformers made a {cfg.model_type} model of the GGUF")
+    return fam
+
+
+def residual_scale(art) -> float:
+    """``s``, the residual stream's scale in the artifact (``passes/scale_residual.py``; 1 without it): the
+    plan's embedding ``scale`` (``embedding_scale * s``) over the manifest's ``embedding_scale``."""
+    plan = art.plan(min(art.manifest.archs))
+    launch = next(la for g in plan.graphs.values() for la in g.launches if la.op == "embedding")
+    s = next(a.value for a in launch.args if a.param == "scale") / art.manifest.model.embedding_scale
+    if s <= 0 or 2.0 ** round(math.log2(s)) != s:   # the pass scales by a power of two, exactly
+        raise SystemExit(f"{art.path}: its embedding launch scales by {s:g} times embedding_scale, not a power of two")
+    return s
+
+
+def artifact_state(art, cfg) -> dict[str, torch.Tensor]:
     """transformers' state-dict names -> the artifact's weights as f32 tensors. Refuses an artifact
     holding a tensor this reading does not consume (e.g. a sparse correction), rather than measure
     it without."""
-    art = open_artifact(path)
-    w = art.weights()
+    fam, s = family(art, cfg), residual_scale(art)
+    path, w = art.path, art.weights()
     used = set(_NOT_WEIGHTS)
 
     def take(name: str) -> np.ndarray:
@@ -102,6 +159,10 @@ def artifact_state(path: Path, cfg) -> dict[str, torch.Tensor]:
             return out
         return take(f"{base}.weight")
 
+    def norm(name: str, post: bool = False) -> np.ndarray:
+        """transformers' ``w`` of a norm stored as ``norm_shift + w``, times ``s`` for a post-norm."""
+        return take(name) / np.float32(s if post else 1.0) - np.float32(fam.norm_shift)
+
     def embedding() -> np.ndarray:
         """--embeddings: int4 (token_embd.qweight) or int8 (token_embd.q8weight, code 128 = 0), else f16."""
         codes = next((f"token_embd.{s}" for s in ("qweight", "q8weight") if f"token_embd.{s}" in w), None)
@@ -117,7 +178,7 @@ def artifact_state(path: Path, cfg) -> dict[str, torch.Tensor]:
 
     q, kv, ff = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim, cfg.intermediate_size
     table = embedding()
-    out = {"model.embed_tokens.weight": table, "model.norm.weight": take("output_norm.weight"),
+    out = {"model.embed_tokens.weight": table, "model.norm.weight": norm("output_norm.weight"),
            # no output.*: the head reads the table as stored (f16, or the int8 codes it shares)
            "lm_head.weight": dense("output") if any(f"output.{s}" in w for s in ("qweight", "q8weight", "weight"))
            else table}
@@ -126,9 +187,11 @@ def artifact_state(path: Path, cfg) -> dict[str, torch.Tensor]:
         qkv, gu = dense(f"blk.{i}.attn_qkv"), dense(f"blk.{i}.ffn_gate_up")
         assert qkv.shape[0] == q + 2 * kv and gu.shape[0] == 2 * ff, (qkv.shape, gu.shape)
         parts = {"attn_q": qkv[:q], "attn_k": qkv[q:q + kv], "attn_v": qkv[q + kv:], "ffn_gate": gu[:ff],
-                 "ffn_up": gu[ff:], "attn_output": dense(f"blk.{i}.attn_output"), "ffn_down": dense(f"blk.{i}.ffn_down"),
-                 "attn_norm": take(f"blk.{i}.attn_norm.weight"), "ffn_norm": take(f"blk.{i}.ffn_norm.weight")}
-        out.update({pre + _HF[k] + ".weight": v for k, v in parts.items()})
+                 "ffn_up": gu[ff:], "attn_output": dense(f"blk.{i}.attn_output"),
+                 "ffn_down": dense(f"blk.{i}.ffn_down")}
+        out.update({pre + _LINEARS[k] + ".weight": v for k, v in parts.items()})
+        out.update({pre + hf + ".weight": norm(f"blk.{i}.{k}.weight", post=k in fam.post_norms)
+                    for k, hf in fam.norms.items()})
     unread = sorted(set(w) - used)
     if unread:
         raise SystemExit(f"{path}: stores {len(unread)} tensors this script does not read ({', '.join(unread[:4])}, ...); "
@@ -136,9 +199,9 @@ def artifact_state(path: Path, cfg) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in out.items()}
 
 
-def _rotated(path: Path) -> bool:
+def _rotated(art) -> bool:
     """True when the artifact's weights were turned before quantizing (``--rotate``, ``int4-rot``)."""
-    return bool(open_artifact(path).manifest.quant.recipe.get("rotate"))
+    return bool(art.manifest.quant.recipe.get("rotate"))
 
 
 def _weight_error(state: dict[str, torch.Tensor], ref_state: dict[str, torch.Tensor], rotated: bool) -> dict:
@@ -196,9 +259,10 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     sha = hashlib.sha256(args.model.read_bytes()).hexdigest()
-    for path in args.artifacts:
-        if open_artifact(path).manifest.source.sha256 != sha:
-            raise SystemExit(f"{path} was not built from {args.model}")
+    arts = [open_artifact(path) for path in args.artifacts]
+    for art in arts:
+        if art.manifest.source.sha256 != sha:
+            raise SystemExit(f"{art.path} was not built from {args.model}")
     kw = dict(gguf_file=args.model.name)
     ref = AutoModelForCausalLM.from_pretrained(str(args.model.parent), dtype=torch.float32, **kw).eval()
     tok = AutoTokenizer.from_pretrained(str(args.model.parent), **kw)
@@ -211,10 +275,10 @@ def main() -> None:
         wins[name], n_ids[name] = spread(ids, args.tokens, args.context), len(ids)
     models, result = {"reference": ref}, {}
     ref_state = {k: v.detach() for k, v in ref.state_dict().items()}
-    for path in args.artifacts:
+    for path, art in zip(args.artifacts, arts):
         model = copy.deepcopy(ref)
-        state = artifact_state(path, ref.config)
-        result.setdefault("weights", {})[path.name] = _weight_error(state, ref_state, _rotated(path))
+        state = artifact_state(art, ref.config)
+        result.setdefault("weights", {})[path.name] = _weight_error(state, ref_state, _rotated(art))
         # A tied head quantized on its own (--lm-head int4) must not overwrite the shared embedding.
         model.lm_head.weight = torch.nn.Parameter(state.pop("lm_head.weight"), requires_grad=False)
         keys = model.load_state_dict(state, strict=False)
