@@ -35,20 +35,23 @@ from grokc.quant.recipe import QUANT
 from grokc.quant.rotation import rotated
 from grokc.quant.weights import dequantized_weight
 
-_OVERRIDES = {"res": lambda v: {"fp16_residual": float(v)}, "damp": lambda v: {"damp": float(v)},
-              "down": lambda v: {"fine": ("ffn_down",), "fine_group_size": int(v)}, "rot": lambda v: {"rotate": True}}
+_OVERRIDES = {"res": lambda r, v: {"fp16_residual": float(v)}, "damp": lambda r, v: {"damp": float(v)},
+              "down": lambda r, v: {"fine": (*r.fine, "ffn_down"), "fine_group_size": int(v)},
+              "out": lambda r, v: {"fine": (*r.fine, "attn_output"), "fine_group_size": int(v)},
+              "rot": lambda r, v: {"rotate": True}}
 
 
 def recipe_of(spec: str):
     """``NAME`` of the QUANT registry, with ``+resF`` for ``--fp16-residual F``, ``+dampF`` for GPTQ's
-    damping F, ``+downG`` for ffn_down in groups of G (a mixed recipe) and ``+rot`` for ``--rotate``."""
+    damping F, ``+downG`` / ``+outG`` for ffn_down / attn_output in groups of G (a mixed recipe; both
+    take the last G) and ``+rot`` for ``--rotate``."""
     name, *extra = spec.split("+")
     recipe = QUANT[name]
     for part in extra:
         key = next((k for k in _OVERRIDES if part.startswith(k)), None)
         if key is None:
-            raise SystemExit(f"{spec}: unknown override {part!r}; use +resF, +dampF, +downG or +rot")
-        recipe = replace(recipe, **_OVERRIDES[key](part.removeprefix(key)))
+            raise SystemExit(f"{spec}: unknown override {part!r}; use +resF, +dampF, +downG, +outG or +rot")
+        recipe = replace(recipe, **_OVERRIDES[key](recipe, part.removeprefix(key)))
     return recipe
 
 
