@@ -265,7 +265,7 @@ def wgmma_variant(lin: _Linear, target: Target) -> Wgmma | None:
     shared memory, so two of its blocks share an H200 SM; at 6 (125 KB) one. On the H200 sweep of
     2026-12-03 (bench/results/kernels/2026-12-03-nvidia-h200-linear.json, same run) 64 x 128 at 4
     stages ran 1.04-1.53x faster than at 6 on all six shapes (int4 up, gate_up, down and qkv,
-    f16 up, gate_up at M = 128), while 128-row tiles, one block an SM either way, ran within 1 %
+    f16 up, gate_up at M = 128), while 128-row tiles, one block an SM either way, ran within 2.5 %
     at 4, 5 or 6."""
     def fitting(bm: int, bn: int) -> Wgmma | None:
         most = WGMMA_STAGES_64 if bm == 64 else 6
