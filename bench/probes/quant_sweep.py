@@ -11,6 +11,7 @@ not cached. Differences from a build then: no f16 rounding of norms.
 
     python bench/probes/quant_sweep.py MODEL.gguf int4 int4-g64 int4+res0.005 int4+damp0.1 [--tokens 2048] [--calib-samples 8]
     python bench/probes/quant_sweep.py MODEL.gguf int4 int4-mixed --sequential --calib-samples 32   # as a default build
+    python bench/probes/quant_sweep.py MODEL.gguf int4 int4+had int4+had64 --calib-samples 32   # ffn_down's input turned online
 
 Prints one JSON line per recipe: per genre (perplexity, increase in %, top-1 agreement, mean KL) and the worst.
 """
@@ -32,27 +33,46 @@ from grokc.compiler.quality import combine, position_stats, reference_logits, re
 from grokc.compiler.text import eval_texts
 from grokc.core import tensors as names
 from grokc.quant.recipe import QUANT
-from grokc.quant.rotation import rotated
+from grokc.quant.rotation import orthogonal, rotated
 from grokc.quant.weights import dequantized_weight
 
 _OVERRIDES = {"res": lambda r, v: {"fp16_residual": float(v)}, "damp": lambda r, v: {"damp": float(v)},
               "down": lambda r, v: {"fine": (*r.fine, "ffn_down"), "fine_group_size": int(v)},
               "out": lambda r, v: {"fine": (*r.fine, "attn_output"), "fine_group_size": int(v)},
               "rot": lambda r, v: {"rotate": True}}
+_HAD_SEED = 7   # the turn's signs (quant.rotation.orthogonal)
 
 
 def recipe_of(spec: str):
-    """``NAME`` of the QUANT registry, with ``+resF`` for ``--fp16-residual F``, ``+dampF`` for GPTQ's
-    damping F, ``+downG`` / ``+outG`` for ffn_down / attn_output in groups of G (a mixed recipe; both
-    take the last G) and ``+rot`` for ``--rotate``."""
+    """``(recipe, had)`` of a spec: ``NAME`` of the QUANT registry, with ``+resF`` for
+    ``--fp16-residual F``, ``+dampF`` for GPTQ's damping F, ``+downG`` / ``+outG`` for ffn_down /
+    attn_output in groups of G (a mixed recipe; both take the last G), ``+rot`` for ``--rotate``;
+    ``had`` is None, or with ``+had`` / ``+hadB`` the order of the online turn of ffn_down's input
+    (0: all of it, else blocks of B; ``down_turned``)."""
     name, *extra = spec.split("+")
-    recipe = QUANT[name]
+    recipe, had = QUANT[name], None
     for part in extra:
+        if part.startswith("had"):
+            had = int(part.removeprefix("had") or 0)
+            continue
         key = next((k for k in _OVERRIDES if part.startswith(k)), None)
         if key is None:
-            raise SystemExit(f"{spec}: unknown override {part!r}; use +resF, +dampF, +downG, +outG or +rot")
+            raise SystemExit(f"{spec}: unknown override {part!r}; use +resF, +dampF, +downG, +outG, +rot or +had[B]")
         recipe = replace(recipe, **_OVERRIDES[key](recipe, part.removeprefix(key)))
-    return recipe
+    return recipe, had
+
+
+def down_turned(w: np.ndarray, h: np.ndarray, recipe, block: int) -> np.ndarray:
+    """ffn_down ``w [H, I]`` as the model would see it with its input turned online (QuaRot's R4:
+    ``x R`` computed at run time, ``W R`` stored; R a seeded randomized Hadamard matrix of order I, or
+    block-diagonal of order ``block``): ``W R`` quantized with the turned statistics ``Rᵀ h R``, times
+    ``Rᵀ``, exact in real arithmetic but for the quantization. No build stores this yet."""
+    k = w.shape[1]
+    if block and k % block:
+        raise SystemExit(f"+had{block}: ffn_down has {k} inputs, not a multiple of {block}")
+    r = orthogonal(k, _HAD_SEED) if not block else np.kron(np.eye(k // block), orthogonal(block, _HAD_SEED))
+    turned = dequantized_weight(np.ascontiguousarray(w @ r, np.float32), recipe, (r.T @ h.astype(np.float64) @ r).astype(np.float32))
+    return np.ascontiguousarray(turned @ r.T, np.float32)
 
 
 def _shared_statistics(loaded, args, rotate: bool) -> dict:
@@ -84,7 +104,7 @@ def main() -> None:
     ref_logits = {t.name: [reference_logits(ref, w) for w in wins[t.name]] for t in texts}
     models, shared = {False: plain}, {}   # rotated or not -> the model, the statistics its recipes share
     for spec in args.recipes:
-        recipe, t1 = recipe_of(spec), time.time()
+        (recipe, had), t1 = recipe_of(spec), time.time()
         if recipe.rotate not in models:
             config, turned = rotated(plain.config, plain.weights)
             models[True] = replace(plain, config=config, weights=turned)
@@ -96,8 +116,13 @@ def main() -> None:
                 shared[recipe.rotate] = _shared_statistics(loaded, args, recipe.rotate)
             hess = shared[recipe.rotate]
         linears = [k for k in loaded.weights if names.input_key(k) in hess and k != names.LM_HEAD]
-        weights = {k: (dequantized_weight(np.asarray(v, np.float32), recipe.for_weight(k), hess[names.input_key(k)])
-                       if k in linears else v) for k, v in loaded.weights.items()}
+        def stored(k: str, w: np.ndarray) -> np.ndarray:
+            w, h = np.asarray(w, np.float32), hess[names.input_key(k)]
+            if had is not None and (names.parse(k) or (None,))[0] is names.Tensor.FFN_DOWN:
+                return down_turned(w, h, recipe.for_weight(k), had)
+            return dequantized_weight(w, recipe.for_weight(k), h)
+
+        weights = {k: (stored(k, v) if k in linears else v) for k, v in loaded.weights.items()}
         model = reference_model(loaded.config, weights)
         genres = {}
         for t in texts:
